@@ -1,0 +1,317 @@
+"""``@profiled`` and ``region()``: thin front-ends over :mod:`profkit._scope`.
+
+The decorator branches once, at decoration time, on the kind of callable (function,
+coroutine function, generator, async generator) and precomputes the label and code
+attributes. Off-sample, a decorated call costs one ContextVar read, one session check, one
+counter step and a ContextVar set/reset.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Generator
+from typing import Any, ParamSpec, TypeVar, overload
+
+import wrapt
+
+from ._model import CodeInfo
+from ._scope import FRAME, GLOBAL, Active, ScopeHandle, enter, exit_, run_sync
+
+__all__ = ["profiled", "region"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _code_info(func: Any) -> CodeInfo | None:
+    target = inspect.unwrap(getattr(func, "__func__", func))
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return None
+    return CodeInfo(
+        function=getattr(target, "__qualname__", code.co_name),
+        file_path=code.co_filename,
+        line_number=code.co_firstlineno,
+    )
+
+
+def _kind(func: Any) -> str:
+    target = getattr(func, "__func__", func)
+    if inspect.isasyncgenfunction(target):
+        return "asyncgen"
+    if inspect.iscoroutinefunction(target):
+        return "async"
+    if inspect.isgeneratorfunction(target):
+        return "gen"
+    return "sync"
+
+
+def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
+    if kind == "async":
+
+        async def async_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            handle = enter(label, attrs, code)
+            if handle is None:
+                return await wrapped(*args, **kwargs)
+            return await _run_async(handle, wrapped(*args, **kwargs))
+
+        return async_wrapper
+    if kind == "gen":
+
+        def gen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            return _drive_gen(wrapped(*args, **kwargs), label, attrs, code)
+
+        return gen_wrapper
+    if kind == "asyncgen":
+
+        def agen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            return _drive_agen(wrapped(*args, **kwargs), label, attrs, code)
+
+        return agen_wrapper
+
+    def sync_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # hot path, inlined: an unsampled root or a scope nested in one calls no other function
+        frame = FRAME.get()
+        if frame is None:
+            session = GLOBAL.session
+            if session is None or not session.active:
+                return wrapped(*args, **kwargs)
+        elif not isinstance(frame, Active):
+            return wrapped(*args, **kwargs)
+        return run_sync(label, attrs, code, wrapped, args, kwargs)
+
+    return sync_wrapper
+
+
+async def _run_async(handle: ScopeHandle, coro: Any) -> Any:
+    error: BaseException | None = None
+    try:
+        if handle.session is not None and handle.call is not None:
+            handle.call.intervals = []
+            return await _Stepped(coro, handle.call.intervals)
+        return await coro
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        exit_(handle, error)
+
+
+class _Stepped:
+    """Awaits a coroutine step by step, recording when its task actually ran (epoch ns).
+
+    Other tasks' ops on the same thread fall between these intervals, which is how a sampled
+    coroutine's summary keeps only its own ops.
+    """
+
+    __slots__ = ("_coro", "_intervals")
+
+    def __init__(self, coro: Any, intervals: list[tuple[int, int]]) -> None:
+        self._coro = coro
+        self._intervals = intervals
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, intervals = self._coro, self._intervals
+        send: Any = None
+        throw: BaseException | None = None
+        while True:
+            t0 = time.time_ns()
+            try:
+                yielded = coro.throw(throw) if throw is not None else coro.send(send)
+            except StopIteration as stop:
+                intervals.append((t0, time.time_ns()))
+                return stop.value
+            except BaseException:
+                intervals.append((t0, time.time_ns()))
+                raise
+            intervals.append((t0, time.time_ns()))
+            send, throw = None, None
+            try:
+                send = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                throw = exc
+
+
+def _drive_gen(gen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
+    """A generator whose scope spans the whole iteration; the frame is set only while it runs."""
+    handle: ScopeHandle | None = None
+    frame: Any = None
+    started = False
+    error: BaseException | None = None
+    send: Any = None
+    throw: BaseException | None = None
+    try:
+        while True:
+            if not started:
+                handle, frame = _enter_detached(label, attrs, code)
+                started = True
+            token = FRAME.set(frame) if handle is not None else None
+            try:
+                value = gen.throw(throw) if throw is not None else gen.send(send)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                if token is not None:
+                    FRAME.reset(token)
+            send, throw = None, None
+            try:
+                send = yield value
+            except GeneratorExit:
+                gen.close()
+                raise
+            except BaseException as exc:
+                throw = exc
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if handle is not None:
+            _exit_detached(handle, error)
+
+
+def _enter_detached(
+    label: str, attrs: dict[str, Any], code: CodeInfo | None
+) -> tuple[ScopeHandle | None, Any]:
+    """Enter a scope, then give the caller its frame back: a generator sets ours per step."""
+    handle = enter(label, attrs, code)
+    if handle is None:
+        return None, None
+    frame = FRAME.get()
+    FRAME.reset(handle.token)
+    handle.token = None
+    return handle, frame
+
+
+def _exit_detached(handle: ScopeHandle, error: BaseException | None) -> None:
+    """Exit a scope whose frame was already restored after each step."""
+    exit_(handle, error if not isinstance(error, GeneratorExit) else None)
+
+
+async def _drive_agen(agen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
+    handle: ScopeHandle | None = None
+    frame: Any = None
+    started = False
+    error: BaseException | None = None
+    send: Any = None
+    throw: BaseException | None = None
+    try:
+        while True:
+            if not started:
+                handle, frame = _enter_detached(label, attrs, code)
+                started = True
+            token = FRAME.set(frame) if handle is not None else None
+            try:
+                value = await (agen.athrow(throw) if throw is not None else agen.asend(send))
+            except StopAsyncIteration:
+                return
+            finally:
+                if token is not None:
+                    FRAME.reset(token)
+            send, throw = None, None
+            try:
+                send = yield value
+            except GeneratorExit:
+                await agen.aclose()
+                raise
+            except BaseException as exc:
+                throw = exc
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if handle is not None:
+            _exit_detached(handle, error)
+
+
+def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+    target = getattr(func, "__func__", func)
+    label = name or getattr(target, "__qualname__", None) or repr(target)
+    wrapper = _make_wrapper(_kind(func), label, dict(attributes or {}), _code_info(func))
+    return wrapt.FunctionWrapper(func, wrapper)
+
+
+@overload
+def profiled(func: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def profiled(
+    name: str | None = None, /, *, attributes: dict[str, Any] | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+@overload
+def profiled(
+    *, name: str | None = None, attributes: dict[str, Any] | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def profiled(
+    func: Any = None, /, *, name: str | None = None, attributes: dict[str, Any] | None = None
+) -> Any:
+    """Label a function as a profkit scope; its outermost call in a context is a root call.
+
+    Use bare (``@profiled``), with a label (``@profiled("predict")``) or with keywords
+    (``@profiled(name="predict", attributes={"model": "mlp"})``). Works on functions,
+    methods, classmethods, staticmethods, coroutine functions, generators and async
+    generators; signature, name, docstring and ``inspect`` results are kept, and results and
+    exceptions pass through untouched. The label defaults to ``__qualname__``.
+    """
+    if isinstance(func, str):
+        label = func
+
+        def with_label(f: Callable[P, R]) -> Callable[P, R]:
+            return _decorate(f, label if name is None else name, attributes)  # type: ignore[no-any-return]
+
+        return with_label
+    if func is None:
+
+        def with_options(f: Callable[P, R]) -> Callable[P, R]:
+            return _decorate(f, name, attributes)  # type: ignore[no-any-return]
+
+        return with_options
+    return _decorate(func, name, attributes)
+
+
+class region:
+    """A labelled stage: ``with region("preprocess"):``, ``async with``, or ``@region("x")``.
+
+    The outermost profkit scope in a context is a root call (a sampling point); inside a
+    sampled call a region becomes a ``record_function`` range and a child span.
+    """
+
+    __slots__ = ("_attributes", "_handle", "_outer", "label")
+
+    def __init__(self, name: str, /, **attributes: Any) -> None:
+        self.label = name
+        self._attributes = attributes
+        self._handle: ScopeHandle | None = None
+        self._outer: list[ScopeHandle | None] | None = None  # only when one object re-enters
+
+    def __enter__(self) -> region:
+        handle = enter(self.label, self._attributes, None)
+        if self._handle is not None:
+            if self._outer is None:
+                self._outer = []
+            self._outer.append(self._handle)
+        self._handle = handle
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        handle = self._handle
+        self._handle = self._outer.pop() if self._outer else None
+        if handle is not None:
+            exit_(handle, exc)
+
+    async def __aenter__(self) -> region:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        return _decorate(func, self.label, self._attributes)  # type: ignore[no-any-return]

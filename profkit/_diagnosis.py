@@ -1,0 +1,329 @@
+"""Diagnosis: classify one sampled call as input-, launch-, compute-bound or balanced.
+
+A pure function of a :class:`~profkit._model.CallSummary` and four thresholds; nothing here
+imports torch, so every rule is testable on synthetic summaries.
+
+The rules, checked in order (the first that holds wins):
+
+1. **input-bound**: the share of the call's wall time spent outside torch ops
+   (``wall - root.self_cpu_us``, clamped at 0) is at least ``input_bound_share``; or, when
+   device activity was recorded, the device is idle for at least ``input_bound_share`` of the
+   call while the host spends less than half of it in torch ops.
+2. **launch-bound**: at least ``launch_bound_min_ops`` op events and an (estimated) median op
+   self CPU time of at most ``launch_bound_op_us``.
+3. **compute-bound**: the two heaviest op rows take at least ``compute_bound_top2_share`` of
+   the op time (device self time when the device recorded any, host self CPU time otherwise).
+4. **balanced**: none of the above, and also the verdict for a call with no ops or no wall
+   time (nothing to judge).
+
+The median op time is an estimate: a summary holds only aggregated rows, so each row stands
+for ``count`` events of its mean duration ``self_cpu_us / count``, and the median is taken
+over those expanded events (the "other" row included, since it stands for real events).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
+
+__all__ = ["ThresholdSource", "Thresholds", "amdahl_speedup", "diagnose"]
+
+Verdict = Literal["input-bound", "launch-bound", "compute-bound", "balanced"]
+Figures = dict[str, float]
+AmdahlEntry = tuple[str, float, float]
+
+_MAX_F = 0.999999
+"""Largest fraction used in Amdahl entries, so that the best speed-up stays finite."""
+
+_HOST_OPS_SMALL_SHARE = 0.5
+"""On a device, host op time is "small" when it is under this share of the wall time."""
+
+_MAX_AMDAHL = 5
+"""Amdahl entries kept per call."""
+
+_MU = "\u00b5"
+
+
+class ThresholdSource(Protocol):
+    """Anything carrying the four diagnosis settings (a :class:`profkit._config.Config`)."""
+
+    @property
+    def launch_bound_op_us(self) -> float: ...
+
+    @property
+    def launch_bound_min_ops(self) -> int: ...
+
+    @property
+    def input_bound_share(self) -> float: ...
+
+    @property
+    def compute_bound_top2_share(self) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """The diagnosis thresholds; names and defaults match the ``Config`` fields.
+
+    Values are not validated here: :mod:`profkit._config` validates them.
+    """
+
+    launch_bound_op_us: float = 20.0
+    launch_bound_min_ops: int = 200
+    input_bound_share: float = 0.5
+    compute_bound_top2_share: float = 0.6
+
+    @classmethod
+    def from_config(cls, config: ThresholdSource) -> Thresholds:
+        """Read the four thresholds off ``config``.
+
+        Args:
+            config: Any object with the four threshold attributes, such as a ``Config``.
+
+        Returns:
+            The thresholds, copied from ``config``.
+        """
+        return cls(
+            launch_bound_op_us=float(config.launch_bound_op_us),
+            launch_bound_min_ops=int(config.launch_bound_min_ops),
+            input_bound_share=float(config.input_bound_share),
+            compute_bound_top2_share=float(config.compute_bound_top2_share),
+        )
+
+
+def amdahl_speedup(f: float, s: float) -> float:
+    """Overall speed-up when a fraction ``f`` of the time is made ``s`` times faster.
+
+    Args:
+        f: Fraction of the time that is sped up, in [0, 1].
+        s: Speed-up of that fraction, > 0; ``math.inf`` means it takes no time at all.
+
+    Returns:
+        ``1 / ((1 - f) + f / s)``; with ``s = inf`` that is ``1 / (1 - f)`` (``inf`` at f = 1).
+
+    Raises:
+        ValueError: ``f`` is outside [0, 1] or ``s`` is not > 0.
+    """
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"amdahl_speedup: f must be in [0, 1], got {f!r}")
+    if not s > 0.0:
+        raise ValueError(f"amdahl_speedup: s must be > 0, got {s!r}")
+    rest = (1.0 - f) + (0.0 if math.isinf(s) else f / s)
+    return math.inf if rest <= 0.0 else 1.0 / rest
+
+
+def diagnose(call: CallSummary, thresholds: Thresholds) -> Diagnosis:
+    """Classify one call and say where a speed-up would pay.
+
+    Args:
+        call: The summarised call (root scope, nested scopes, op rows).
+        thresholds: The four diagnosis thresholds.
+
+    Returns:
+        The verdict, a one-line reason, the figures that decided it, and the Amdahl entries.
+    """
+    figures = _figures(call)
+    verdict, reason = _judge(call, figures, thresholds)
+    return Diagnosis(verdict=verdict, reason=reason, figures=figures, amdahl=_amdahl(call))
+
+
+def _judge(call: CallSummary, figures: Figures, th: Thresholds) -> tuple[Verdict, str]:
+    """Apply the rules in order and return the first verdict that holds, with its reason."""
+    if call.root.op_count <= 0:
+        return "balanced", "no torch ops recorded in the call: nothing to judge"
+    if figures["wall_us"] <= 0.0:
+        return "balanced", "the call took no measurable wall time: nothing to judge"
+    if _is_input_bound(figures, th):
+        return "input-bound", _input_reason(call, figures, th)
+    if _is_launch_bound(figures, th):
+        return "launch-bound", _launch_reason(figures)
+    if figures["top2_share"] >= th.compute_bound_top2_share:
+        return "compute-bound", _compute_reason(call, figures)
+    return "balanced", _balanced_reason(figures)
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def _share(part: float, whole: float) -> float:
+    """``part / whole`` clamped to [0, 1]; 0 when ``whole`` is not positive."""
+    if whole <= 0.0:
+        return 0.0
+    return min(1.0, max(0.0, part / whole))
+
+
+def _uses_device(call: CallSummary) -> bool:
+    """Whether op time is read from device self time (device recorded and some time > 0)."""
+    return call.device_active and call.root.self_device_us > 0.0
+
+
+def _op_time(row: OpRow, device: bool) -> float:
+    """The self time of ``row`` that ranks ops: device self time on a device, else CPU."""
+    return row.self_device_us if device else row.self_cpu_us
+
+
+def _top_rows(call: CallSummary) -> list[OpRow]:
+    """The root's op rows without the "other" row, heaviest first (stable on ties)."""
+    device = _uses_device(call)
+    rows = [row for row in call.root.ops if not row.is_other]
+    return sorted(rows, key=lambda row: _op_time(row, device), reverse=True)
+
+
+def _median_op_us(root: ScopeSummary) -> float:
+    """Estimated median op self CPU time: the median of row means expanded by row count.
+
+    Falls back to the overall mean (``self_cpu_us / op_count``) when no row has events.
+    """
+    rows = sorted((r.self_cpu_us / r.count, r.count) for r in root.ops if r.count > 0)
+    total = sum(count for _, count in rows)
+    if total == 0:
+        return root.self_cpu_us / root.op_count if root.op_count > 0 else 0.0
+    return (_nth_event(rows, (total - 1) // 2) + _nth_event(rows, total // 2)) / 2.0
+
+
+def _nth_event(rows: Sequence[tuple[float, int]], n: int) -> float:
+    """The mean of the row holding the ``n``-th (0-based) event in ``rows`` expanded by count."""
+    seen = 0
+    for mean, count in rows:
+        seen += count
+        if n < seen:
+            return mean
+    return rows[-1][0]
+
+
+def _figures(call: CallSummary) -> Figures:
+    """Every figure the rules read, keyed as documented on :class:`Diagnosis`."""
+    root = call.root
+    wall = root.duration_us
+    device = _uses_device(call)
+    op_total = root.self_device_us if device else root.self_cpu_us
+    top = [_op_time(row, device) for row in _top_rows(call)]
+    figures: Figures = {
+        "wall_us": wall,
+        "op_self_us": root.self_cpu_us,
+        "outside_ops_share": _share(max(0.0, wall - root.self_cpu_us), wall),
+        "op_count": float(root.op_count),
+        "median_op_us": _median_op_us(root),
+        "top1_share": _share(sum(top[:1]), op_total),
+        "top2_share": _share(sum(top[:2]), op_total),
+    }
+    if call.device_active:
+        figures["device_busy_us"] = root.self_device_us
+        figures["device_idle_share"] = 1.0 - _share(root.self_device_us, wall) if wall > 0 else 0.0
+    return figures
+
+
+# --- rules and reasons ---------------------------------------------------------------------
+
+
+def _is_input_bound(figures: Figures, th: Thresholds) -> bool:
+    """Rule 1: mostly outside torch ops, or (on a device) device idle and host ops small."""
+    if figures["outside_ops_share"] >= th.input_bound_share:
+        return True
+    if "device_idle_share" not in figures:
+        return False
+    host_ops_share = figures["op_self_us"] / figures["wall_us"]
+    idle = figures["device_idle_share"] >= th.input_bound_share
+    return idle and host_ops_share < _HOST_OPS_SMALL_SHARE
+
+
+def _is_launch_bound(figures: Figures, th: Thresholds) -> bool:
+    """Rule 2: many ops and a small median op time."""
+    many = figures["op_count"] >= th.launch_bound_min_ops
+    return many and figures["median_op_us"] <= th.launch_bound_op_us
+
+
+def _outside_by_region(call: CallSummary) -> dict[int, float]:
+    """Time outside torch ops per nested scope, exclusive of its child scopes' outside time."""
+    inclusive = [max(0.0, s.duration_us - s.self_cpu_us) for s in call.scopes]
+    exclusive = {s.index: inclusive[i] for i, s in enumerate(call.scopes) if i > 0}
+    for i, scope in enumerate(call.scopes):
+        if i > 0 and scope.parent in exclusive:
+            exclusive[scope.parent] -= inclusive[i]
+    return {index: max(0.0, value) for index, value in exclusive.items()}
+
+
+def _busiest_region(call: CallSummary) -> tuple[str, float] | None:
+    """The nested scope with the most outside-ops time and that time; None if there is none."""
+    outside = _outside_by_region(call)
+    best: tuple[str, float] | None = None
+    for scope in call.scopes[1:]:
+        value = outside.get(scope.index, 0.0)
+        if value > 0.0 and (best is None or value > best[1]):
+            best = (scope.label, value)
+    return best
+
+
+def _where_outside(call: CallSummary, outside_us: float) -> str:
+    """The ", mostly in region 'x'" tail of the input-bound reason ("" without regions)."""
+    region = _busiest_region(call)
+    if region is None or outside_us <= 0.0:
+        return ""
+    label, value = region
+    share = _share(value, outside_us)
+    if share >= 0.5:
+        return f", mostly in region {label!r}"
+    return f", the largest part ({share:.0%}) in region {label!r}"
+
+
+def _input_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
+    """E.g. "82% of the call outside torch ops, mostly in region 'preprocess'"."""
+    outside_share = figures["outside_ops_share"]
+    where = _where_outside(call, outside_share * figures["wall_us"])
+    if outside_share >= th.input_bound_share:
+        return f"{outside_share:.0%} of the call outside torch ops{where}"
+    idle = figures["device_idle_share"]
+    return f"device idle for {idle:.0%} of the call, {outside_share:.0%} outside torch ops{where}"
+
+
+def _launch_reason(figures: Figures) -> str:
+    """E.g. "1,234 ops with a median of 3.1 µs each: the host is busy launching tiny ops"."""
+    count = int(figures["op_count"])
+    median = figures["median_op_us"]
+    tail = "the host is busy launching tiny ops"
+    return f"{count:,} ops with a median of {median:.1f} {_MU}s each: {tail}"
+
+
+def _compute_reason(call: CallSummary, figures: Figures) -> str:
+    """E.g. "aten::addmm and aten::mm take 91% of op time"."""
+    of_what = "device op time" if _uses_device(call) else "op time"
+    top = _top_rows(call)[:2]
+    if len(top) == 1:
+        return f"{top[0].name} takes {figures['top1_share']:.0%} of {of_what}"
+    return f"{top[0].name} and {top[1].name} take {figures['top2_share']:.0%} of {of_what}"
+
+
+def _balanced_reason(figures: Figures) -> str:
+    """Why no rule held: the three deciding figures in one line."""
+    return (
+        f"no single cause: {figures['outside_ops_share']:.0%} outside torch ops, "
+        f"median op {figures['median_op_us']:.1f} {_MU}s, "
+        f"top two ops take {figures['top2_share']:.0%} of op time"
+    )
+
+
+# --- Amdahl --------------------------------------------------------------------------------
+
+
+def _amdahl(call: CallSummary) -> list[AmdahlEntry]:
+    """(what, f, 1 / (1 - f)) for nested scopes and top ops, largest f first, at most five.
+
+    ``f`` is a scope's duration or an op's self time (device self time on a device) over the
+    wall time, clamped to [0, 0.999999]; entries with ``f == 0`` are left out.
+    """
+    wall = call.root.duration_us
+    if wall <= 0.0:
+        return []
+    device = _uses_device(call)
+    candidates = [(f"region:{s.label}", s.duration_us) for s in call.scopes[1:]]
+    candidates += [(f"op:{row.name}", _op_time(row, device)) for row in _top_rows(call)]
+    entries: list[AmdahlEntry] = []
+    for what, time_us in candidates:
+        f = min(_MAX_F, max(0.0, time_us / wall))
+        if f > 0.0:
+            entries.append((what, f, 1.0 / (1.0 - f)))
+    entries.sort(key=lambda entry: entry[1], reverse=True)
+    return entries[:_MAX_AMDAHL]

@@ -1,0 +1,103 @@
+"""The one internal-error guard and the counters every step reports to.
+
+Every internal step (sampling, profiler start/stop, summarising, exporting) runs inside
+:func:`guard`. An exception there is counted under a reason, logged once per reason with its
+traceback (then only counted), and swallowed: the host sees "no telemetry", never an error.
+Under profkit's own test suite ``raise_internal`` is switched on so bugs are not hidden.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["Stats", "guard", "log"]
+
+log = logging.getLogger("profkit")
+
+#: re-raise internal errors instead of swallowing them (set by profkit's test suite)
+raise_internal = False
+
+
+class Stats:
+    """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._roots = itertools.count()  # lock-free: the unsampled path only calls next()
+        self._counts: Counter[str] = Counter()
+        self.dropped_reasons: Counter[str] = Counter()
+        self.error_reasons: Counter[str] = Counter()
+        self._logged: set[str] = set()
+
+    def root(self) -> None:
+        next(self._roots)
+
+    @property
+    def root_calls(self) -> int:
+        # itertools.count pickles as count(next_value): its current value, without consuming one
+        return int(self._roots.__reduce__()[1][0])
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts["dropped"] += n
+            self.dropped_reasons[reason] += n
+
+    def error(self, reason: str, exc: BaseException | None) -> None:
+        with self._lock:
+            self._counts["errors"] += 1
+            self.error_reasons[reason] += 1
+            first = reason not in self._logged
+            self._logged.add(reason)
+        if first:
+            log.warning(
+                "profkit internal error in %s (further ones are only counted)",
+                reason,
+                exc_info=exc,
+            )
+
+    def get(self, name: str) -> int:
+        return self._counts[name]
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self._counts)
+            dropped = dict(self.dropped_reasons)
+            errors = dict(self.error_reasons)
+        root_calls = self.root_calls
+        sampled = counts.get("sampled", 0)
+        return {
+            "root_calls": root_calls,
+            "sampled": sampled,
+            "unsampled": root_calls - sampled,
+            "exported": counts.get("exported", 0),
+            "dropped": counts.get("dropped", 0),
+            "skipped_busy": counts.get("skipped_busy", 0),
+            "skipped_foreign": counts.get("skipped_foreign", 0),
+            "skipped_rate_limit": counts.get("skipped_rate_limit", 0),
+            "warmup_calls": counts.get("warmup_calls", 0),
+            "windows": counts.get("windows", 0),
+            "errors": counts.get("errors", 0),
+            "dropped_reasons": dropped,
+            "error_reasons": errors,
+        }
+
+
+@contextmanager
+def guard(stats: Stats, reason: str) -> Iterator[None]:
+    """Run an internal step; count, log once and swallow whatever it raises."""
+    try:
+        yield
+    except Exception as exc:
+        stats.error(reason, exc)
+        if raise_internal:
+            raise

@@ -1,0 +1,124 @@
+"""Module-level API: the default session that ``profkit.configure()`` installs."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any
+
+from . import _errors
+from ._config import Config, build_config
+from ._scope import GLOBAL
+from ._session import Session
+
+__all__ = [
+    "configure",
+    "force_flush",
+    "get_session",
+    "shutdown",
+    "stats",
+    "trigger",
+]
+
+_configure_lock = threading.Lock()
+_RETIRE_TIMEOUT = 5.0
+
+
+def configure(**settings: Any) -> Session:
+    """Install (or replace) the global session; settings not given come from ``PROFKIT_*``.
+
+    Raises:
+        ValueError: a setting is unknown or out of range; the message names it.
+    """
+    config = build_config(settings)
+    return install(Session(config))
+
+
+def install(session: Session) -> Session:
+    """Make ``session`` the global one: warm it up, then retire the previous one."""
+    session.start()
+    with _configure_lock:
+        old, GLOBAL.session = GLOBAL.session, session
+    if old is not None:
+        # an open window of the old session closes when its call ends; flush it off-thread
+        threading.Thread(
+            target=old.shutdown, args=(_RETIRE_TIMEOUT,), name="profkit-retire", daemon=True
+        ).start()
+    return session
+
+
+def get_session() -> Session | None:
+    """The global session, or None before ``configure()``."""
+    session: Session | None = GLOBAL.session
+    return session
+
+
+def get_config() -> Config | None:
+    """The global session's settings, or None before ``configure()``."""
+    session = get_session()
+    return session.config if session is not None else None
+
+
+def trigger(n: int = 1) -> None:
+    """Profile the next ``n`` root calls whatever the sampler says (no-op before configure)."""
+    session = get_session()
+    if session is not None:
+        session.trigger(n)
+
+
+_EMPTY_STATS: dict[str, Any] = {
+    "root_calls": 0,
+    "sampled": 0,
+    "unsampled": 0,
+    "exported": 0,
+    "dropped": 0,
+    "skipped_busy": 0,
+    "skipped_foreign": 0,
+    "skipped_rate_limit": 0,
+    "warmup_calls": 0,
+    "windows": 0,
+    "errors": 0,
+    "dropped_reasons": {},
+    "error_reasons": {},
+}
+
+
+def stats() -> dict[str, Any]:
+    """Counters of the global session (all zero before ``configure()``)."""
+    session = get_session()
+    if session is None:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _EMPTY_STATS.items()}
+    return session.stats.snapshot()
+
+
+def force_flush(timeout: float = 5.0) -> bool:
+    """Export everything sampled so far; True when it all went out within ``timeout`` s."""
+    session = get_session()
+    return True if session is None else session.force_flush(timeout)
+
+
+def shutdown(timeout: float = 5.0) -> bool:
+    """Flush and stop the global session; later calls run unprofiled. True when all exported."""
+    with _configure_lock:
+        session, GLOBAL.session = GLOBAL.session, None
+    return True if session is None else session.shutdown(timeout)
+
+
+def _at_exit() -> None:
+    session = get_session()
+    if session is not None:
+        try:
+            session.shutdown(2.0)
+        except Exception as exc:  # never turn interpreter exit into a traceback
+            _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
+
+
+def _after_fork_in_child() -> None:
+    session = get_session()
+    if session is not None:
+        session.after_fork()
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

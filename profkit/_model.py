@@ -1,0 +1,143 @@
+"""The summary model: what one sampled root call produced, as plain frozen data.
+
+Built by :mod:`profkit._summary` on the export worker, read by the exporters and the
+diagnosis. Nothing here imports torch, so exporters and the diagnosis are testable on
+synthetic summaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Literal, TypeAlias
+
+__all__ = [
+    "AttrValue",
+    "CallSummary",
+    "CodeInfo",
+    "Diagnosis",
+    "OpRow",
+    "ScopeSummary",
+    "WindowSummary",
+]
+
+AttrValue: TypeAlias = "str | bool | int | float"
+Attribution = Literal["thread", "task", "window"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeInfo:
+    """Where a decorated function lives (OTel ``code.*`` semantic conventions)."""
+
+    function: str
+    file_path: str
+    line_number: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRow:
+    """One row of the ``key_averages`` view: an op name (and input shapes, when recorded).
+
+    Times are microseconds, memory is bytes. ``name == "other"`` with ``is_other`` marks the
+    remainder row that keeps the top-K table adding up to the totals.
+    """
+
+    name: str
+    count: int
+    self_cpu_us: float
+    cpu_us: float
+    self_device_us: float = 0.0
+    device_us: float = 0.0
+    self_cpu_memory: int = 0
+    self_device_memory: int = 0
+    flops: int = 0
+    shapes: str | None = None
+    is_other: bool = False
+    is_kernel: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ScopeSummary:
+    """A labelled profkit scope (the root call or a nested region) and the ops under it."""
+
+    index: int
+    parent: int
+    """Index of the parent scope in ``CallSummary.scopes``; -1 for the root."""
+    label: str
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, AttrValue]
+    ops: tuple[OpRow, ...]
+    """Top-K rows by self CPU time (device time first when device time was recorded) + other."""
+    op_count: int
+    """Op events under this scope (inclusive of nested scopes)."""
+    self_cpu_us: float
+    """Sum of the self CPU time of every op under this scope."""
+    self_device_us: float
+    code: CodeInfo | None = None
+    timing: Literal["profiler", "python"] = "profiler"
+
+    @property
+    def duration_us(self) -> float:
+        return (self.end_ns - self.start_ns) / 1000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What kind of slow a call is, the figures that decided it, and where speed-ups pay."""
+
+    verdict: Literal["input-bound", "launch-bound", "compute-bound", "balanced"]
+    reason: str
+    figures: Mapping[str, float]
+    amdahl: Sequence[tuple[str, float, float]]
+    """(what, fraction f of the call, best overall speed-up 1 / (1 - f)), largest f first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSummary:
+    """One sampled root call: its scope tree with op tables, and how it was sampled."""
+
+    window_id: int
+    call_index: int
+    label: str
+    scopes: tuple[ScopeSummary, ...]
+    """``scopes[0]`` is the root call; the rest are nested scopes in entry order."""
+    parent_span_context: object | None
+    """The OTel ``SpanContext`` active when the call began (None: no active span)."""
+    policy: str
+    attribution: Attribution
+    error: BaseException | None = None
+    thread_name: str = ""
+    trace_path: str | None = None
+    events_total: int = 0
+    events_dropped: int = 0
+    device_active: bool = False
+    diagnosis: Diagnosis | None = None
+    trace_id: str = ""
+    """Hex trace id of the call's span once the span exporter made it (else the parent's)."""
+    span_id: str = ""
+    """Hex span id of the call's span once the span exporter made it (else the parent's)."""
+
+    @property
+    def root(self) -> ScopeSummary:
+        return self.scopes[0]
+
+    @property
+    def duration_us(self) -> float:
+        return self.root.duration_us
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSummary:
+    """Everything one profiler window produced."""
+
+    window_id: int
+    calls: tuple[CallSummary, ...]
+    events_total: int
+    events_dropped: int
+    trace_path: str | None = None
+    attribution_note: str = ""
+    extra: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def replace_calls(self, calls: Sequence[CallSummary]) -> WindowSummary:
+        return dataclasses.replace(self, calls=tuple(calls))

@@ -1,0 +1,124 @@
+"""Samplers: pure decisions over a counter, a trace id, an injected RNG or an injected clock.
+
+Each sampler answers one question for one root call, ``decide(trace_id) -> bool``. They hold
+no locks: the counter is an ``itertools.count`` (atomic under the GIL), the rate cap a small
+token bucket whose rare races can only err towards fewer windows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = [
+    "EveryN",
+    "RateLimiter",
+    "Sampler",
+    "TraceIdRatio",
+    "Triggered",
+    "trace_id_bound",
+]
+
+_TRACE_ID_LOW_64 = (1 << 64) - 1
+
+
+class Sampler(Protocol):
+    """Decides whether one root call is profiled."""
+
+    description: str
+
+    def decide(self, trace_id: int | None) -> bool:
+        """True to profile this root call; ``trace_id`` is the active OTel trace id or None."""
+        ...
+
+
+class EveryN:
+    """Profile calls 0, N, 2N, ... of this sampler: exactly ``ceil(calls / N)`` samples."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"EveryN needs n >= 1, got {n}")
+        self.n = n
+        self.description = f"every:{n}"
+        self._counter = itertools.count()
+
+    def decide(self, trace_id: int | None) -> bool:
+        return next(self._counter) % self.n == 0
+
+
+def trace_id_bound(rate: float) -> int:
+    """The threshold on the low 64 bits of a trace id, as OTel's ``TraceIdRatioBased`` uses."""
+    return round(rate * (1 << 64))
+
+
+class TraceIdRatio:
+    """Profile a fraction of calls; the same trace id gets the same answer in every process.
+
+    With an active trace the decision is ``low64(trace_id) < rate * 2**64`` (OTel's
+    ``TraceIdRatioBased`` rule), so a request sampled in one service is sampled in all the
+    services it crosses. Without one, an injectable RNG decides.
+    """
+
+    def __init__(self, rate: float, rng: Callable[[], float] | None = None) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"TraceIdRatio needs 0 <= rate <= 1, got {rate}")
+        self.rate = rate
+        self.description = f"ratio:{rate:g}"
+        self._bound = trace_id_bound(rate)
+        self._rng = rng if rng is not None else random.Random().random
+
+    def decide(self, trace_id: int | None) -> bool:
+        if trace_id:
+            return (trace_id & _TRACE_ID_LOW_64) < self._bound
+        return self._rng() < self.rate
+
+
+class RateLimiter:
+    """Token bucket: at most ``per_minute`` windows a minute, bursting to the same amount."""
+
+    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity = max(1.0, per_minute)
+        self.per_second = per_minute / 60.0
+        self._clock = clock
+        self._tokens = self.capacity
+        self._last = clock()
+
+    def allow(self) -> bool:
+        """Take one token if there is one."""
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.per_second)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class Triggered:
+    """``trigger(n)``: the next n root calls are profiled whatever the sampler says."""
+
+    def __init__(self) -> None:
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._pending += n
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def take(self) -> bool:
+        """Consume one pending trigger; False when none is left."""
+        if not self._pending:  # unlocked fast path: the common case
+            return False
+        with self._lock:
+            if self._pending:
+                self._pending -= 1
+                return True
+            return False

@@ -1,0 +1,167 @@
+"""Drives torch.profiler for one window: start and stop on the sampled call's thread.
+
+Only this module touches ``torch.profiler.profile``. It knows how to tell whether a profiler
+someone else started is running (``torch.autograd.profiler._is_profiler_enabled``, a process
+global that both profiler front-ends set), and how to warm the profiler up once per process.
+Parsing events is deliberately absent: that happens on the export worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _autograd_profiler
+from torch.profiler import ProfilerActivity, profile
+
+from ._config import Config
+from ._model import CodeInfo
+
+__all__ = ["CallRecord", "ScopeRecord", "Window", "foreign_profiler_active", "warm_up"]
+
+_warmed: set[tuple[str, bool]] = set()
+_warm_lock = threading.Lock()
+
+
+@dataclasses.dataclass(slots=True)
+class ScopeRecord:
+    """A scope entered under a sampled call, timed by Python (profiler times replace these)."""
+
+    label: str
+    parent: int
+    attributes: dict[str, Any]
+    code: CodeInfo | None
+    thread: int
+    start_ns: int
+    end_ns: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class CallRecord:
+    """One root call run under a window; filled on the request path, read by the worker."""
+
+    window: Window
+    index: int
+    policy: str
+    warmup: bool
+    parent_span_context: object | None
+    thread_name: str
+    scopes: list[ScopeRecord] = dataclasses.field(default_factory=list)
+    intervals: list[tuple[int, int]] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+def foreign_profiler_active() -> bool:
+    """True when a torch profiler is running in this process (ours or anyone's)."""
+    return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
+
+
+def resolve_activities(spec: str) -> list[ProfilerActivity]:
+    """Map the ``activities`` setting to torch's list ("auto": CPU, plus CUDA when present)."""
+    if spec == "cpu":
+        return [ProfilerActivity.CPU]
+    if spec == "cuda":
+        return [ProfilerActivity.CUDA]
+    if spec == "cpu,cuda":
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+def make_profiler(config: Config) -> profile:
+    """A configured, not yet started ``torch.profiler.profile``."""
+    experimental = None
+    if config.all_threads:
+        from torch._C._profiler import _ExperimentalConfig
+
+        experimental = _ExperimentalConfig(profile_all_threads=True)
+    return profile(
+        activities=resolve_activities(config.activities),
+        record_shapes=config.record_shapes,
+        profile_memory=config.profile_memory,
+        with_stack=config.with_stack,
+        with_flops=config.with_flops,
+        experimental_config=experimental,
+    )
+
+
+def warm_up(config: Config) -> float:
+    """Start and stop a profiler once per process and setting, so no request pays ~1 s.
+
+    Returns the seconds it took (0.0 when this process was already warm).
+    """
+    key = (config.activities, config.all_threads)
+    with _warm_lock:
+        if key in _warmed or foreign_profiler_active():
+            return 0.0
+        t0 = time.perf_counter()
+        prof = make_profiler(config)
+        prof.start()
+        with torch.autograd.profiler.record_function("profkit.warmup"):
+            torch.ones(2, 2).add_(1)
+        prof.stop()
+        prof.events()  # type: ignore[no-untyped-call]  # import and run the parser once
+        _warmed.add(key)
+        return time.perf_counter() - t0
+
+
+class Window:
+    """One open profiler: the calls recorded under it and the profiler object itself."""
+
+    __slots__ = (
+        "calls",
+        "config",
+        "id",
+        "in_flight",
+        "needed",
+        "opened",
+        "owner",
+        "prof",
+        "started_ns",
+        "stopped_ns",
+    )
+
+    def __init__(self, window_id: int, config: Config) -> None:
+        self.id = window_id
+        self.config = config
+        self.owner = threading.get_ident()
+        self.needed = config.warmup + config.window
+        self.opened = 0  # calls that joined so far
+        self.in_flight = 0
+        self.calls: list[CallRecord] = []
+        self.prof: profile | None = None
+        self.started_ns = 0
+        self.stopped_ns = 0
+
+    def start(self) -> None:
+        """Start the profiler on this thread."""
+        prof = make_profiler(self.config)
+        self.started_ns = time.time_ns()
+        prof.start()
+        self.prof = prof
+
+    def stop(self) -> None:
+        """Stop the profiler; the events stay unparsed until the worker asks."""
+        prof = self.prof
+        self.stopped_ns = time.time_ns()
+        if prof is not None:
+            try:
+                prof.stop()
+            finally:
+                # a failed stop must not leave the process-wide flag set: we would skip forever
+                if foreign_profiler_active() and not _still_enabled_here():
+                    _autograd_profiler._is_profiler_enabled = False
+
+    @property
+    def full(self) -> bool:
+        return self.opened >= self.needed
+
+
+def _still_enabled_here() -> bool:
+    return bool(torch._C._autograd._profiler_enabled())

@@ -1,0 +1,64 @@
+"""Plain-data views of a call summary shared by the log, JSON and console exporters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._model import CallSummary, OpRow
+
+__all__ = ["call_fields", "op_dict"]
+
+
+def op_dict(row: OpRow) -> dict[str, Any]:
+    """One op row as a flat dict (µs rounded to 0.001, bytes and counts as ints)."""
+    out: dict[str, Any] = {
+        "op": row.name,
+        "count": row.count,
+        "self_cpu_us": round(row.self_cpu_us, 3),
+        "cpu_us": round(row.cpu_us, 3),
+    }
+    if row.self_device_us or row.device_us:
+        out["self_device_us"] = round(row.self_device_us, 3)
+        out["device_us"] = round(row.device_us, 3)
+    if row.self_cpu_memory or row.self_device_memory:
+        out["self_cpu_memory"] = row.self_cpu_memory
+        out["self_device_memory"] = row.self_device_memory
+    if row.flops:
+        out["flops"] = row.flops
+    if row.shapes:
+        out["shapes"] = row.shapes
+    if row.is_kernel:
+        out["kernel"] = True
+    return out
+
+
+def call_fields(call: CallSummary) -> dict[str, Any]:
+    """The fields of the ``profkit.profile`` event (without trace ids)."""
+    root = call.root
+    out: dict[str, Any] = {
+        "label": call.label,
+        "duration_us": round(root.duration_us, 3),
+        "op_count": root.op_count,
+        "self_cpu_us": round(root.self_cpu_us, 3),
+        "self_device_us": round(root.self_device_us, 3),
+        "window_id": call.window_id,
+        "policy": call.policy,
+        "attribution": call.attribution,
+        "regions": [
+            {"region": s.label, "duration_us": round(s.duration_us, 3), "parent": s.parent}
+            for s in call.scopes[1:]
+        ],
+        "top_ops": [op_dict(r) for r in root.ops],
+    }
+    if call.error is not None:
+        out["error"] = type(call.error).__name__
+    if call.trace_path:
+        out["trace_path"] = call.trace_path
+    if call.diagnosis is not None:
+        d = call.diagnosis
+        out["diagnosis"] = d.verdict
+        out["diagnosis_reason"] = d.reason
+        out["amdahl"] = [
+            {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)} for w, f, s in d.amdahl
+        ]
+    return out

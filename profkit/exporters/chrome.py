@@ -1,0 +1,82 @@
+"""Chrome / Perfetto trace files: one per window, owner-only, under a retention limit.
+
+Files are written on the export worker with ``torch.profiler``'s own
+``export_chrome_trace`` into a ``mkstemp`` file (mode 0600), optionally gzip-compressed,
+then renamed into place as ``profkit-<epoch ns>-w<window id>.json[.gz]``. After each write
+the oldest files beyond ``trace_max_files`` or ``trace_max_bytes`` are removed. Nothing is
+written outside ``trace_dir``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+from .._config import Config
+
+__all__ = ["TraceFileWriter"]
+
+_PREFIX = "profkit-"
+
+
+class TraceFileWriter:
+    """Writes and prunes the trace files of one session."""
+
+    def __init__(self, config: Config) -> None:
+        assert config.trace_dir is not None
+        self.directory = os.path.abspath(config.trace_dir)
+        self.gzip = config.trace_gzip
+        self.max_files = config.trace_max_files
+        self.max_bytes = config.trace_max_bytes
+        self._lock = threading.Lock()
+
+    def write(self, prof: Any, window_id: int) -> str:
+        """Write ``prof``'s trace; return the final path."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        suffix = ".json.gz" if self.gzip else ".json"
+        final = os.path.join(self.directory, f"{_PREFIX}{time.time_ns()}-w{window_id}{suffix}")
+        fd, raw = tempfile.mkstemp(prefix=".profkit-", suffix=".json", dir=self.directory)
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(raw)
+            if self.gzip:
+                fd, packed = tempfile.mkstemp(prefix=".profkit-", suffix=".gz", dir=self.directory)
+                with (
+                    os.fdopen(fd, "wb") as out,
+                    open(raw, "rb") as src,
+                    gzip.GzipFile(fileobj=out, mode="wb") as gz,
+                ):
+                    shutil.copyfileobj(src, gz)
+                os.replace(packed, final)
+            else:
+                os.replace(raw, final)
+        finally:
+            if os.path.exists(raw):
+                os.unlink(raw)
+        self.prune()
+        return final
+
+    def files(self) -> list[str]:
+        """This writer's trace files, oldest first."""
+        names = sorted(
+            (n for n in os.listdir(self.directory) if n.startswith(_PREFIX)),
+            key=lambda n: int(n[len(_PREFIX) :].split("-", 1)[0]),
+        )
+        return [os.path.join(self.directory, n) for n in names]
+
+    def prune(self) -> None:
+        """Remove the oldest files until both the count and the byte limits hold."""
+        with self._lock:
+            files = self.files()
+            sizes = [os.path.getsize(f) for f in files]
+            total = sum(sizes)
+            while files and (len(files) > self.max_files or total > self.max_bytes):
+                if len(files) == 1 and len(files) <= self.max_files:
+                    break  # always keep the newest one, even if it alone exceeds the bytes
+                total -= sizes.pop(0)
+                os.unlink(files.pop(0))

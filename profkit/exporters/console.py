@@ -1,0 +1,85 @@
+"""Embedded default outputs that need no collector: a readable table, or JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import IO
+
+from .._model import CallSummary, WindowSummary
+from ._rows import call_fields
+
+__all__ = ["ConsoleExporter", "JsonLinesExporter", "render_call"]
+
+
+def render_call(call: CallSummary) -> str:
+    """A readable block: the call, its regions, its diagnosis and its top op rows."""
+    root = call.root
+    lines = [
+        f"profkit ▸ {call.label}  {root.duration_us / 1000:.3f} ms  "
+        f"{root.op_count} ops  window {call.window_id} ({call.policy}, {call.attribution})"
+        + (f"  ERROR {type(call.error).__name__}" if call.error is not None else ""),
+    ]
+    if call.trace_id:
+        lines.append(f"  trace {call.trace_id} span {call.span_id}")
+    for scope in call.scopes[1:]:
+        depth = _depth(call, scope.index)
+        lines.append(f"  {'  ' * depth}region {scope.label:<24} {scope.duration_us / 1000:9.3f} ms")
+    if call.diagnosis is not None:
+        lines.append(f"  diagnosis: {call.diagnosis.verdict} — {call.diagnosis.reason}")
+        for what, frac, speedup in call.diagnosis.amdahl[:3]:
+            lines.append(f"    {what:<30} {frac:6.1%} of the call, at best {speedup:.2f}x if free")
+    device = any(r.self_device_us for r in root.ops)
+    head = f"  {'op':<34} {'count':>6} {'self cpu us':>12} {'total cpu us':>13}"
+    lines.append(head + (f" {'self dev us':>12}" if device else ""))
+    for row in root.ops:
+        line = f"  {row.name[:34]:<34} {row.count:>6} {row.self_cpu_us:>12.1f} {row.cpu_us:>13.1f}"
+        lines.append(line + (f" {row.self_device_us:>12.1f}" if device else ""))
+    return "\n".join(lines)
+
+
+def _depth(call: CallSummary, index: int) -> int:
+    depth = 0
+    while call.scopes[index].parent > 0:
+        index = call.scopes[index].parent
+        depth += 1
+    return depth
+
+
+class ConsoleExporter:
+    """Prints :func:`render_call` for every sampled call (stderr by default)."""
+
+    name = "console"
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def export(self, summary: WindowSummary) -> None:
+        stream = self._stream or sys.stderr
+        with self._lock:
+            for call in summary.calls:
+                stream.write(render_call(call) + "\n\n")
+            stream.flush()
+
+
+class JsonLinesExporter:
+    """Writes one JSON object per sampled call (stdout by default)."""
+
+    name = "json"
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def export(self, summary: WindowSummary) -> None:
+        stream = self._stream or sys.stdout
+        with self._lock:
+            for call in summary.calls:
+                record = {"event": "profkit.profile", **call_fields(call)}
+                if call.trace_id:
+                    record["trace_id"] = call.trace_id
+                    record["span_id"] = call.span_id
+                stream.write(json.dumps(record, default=str) + "\n")
+            stream.flush()

@@ -1,0 +1,48 @@
+"""Structured log events through structlog: ``profkit.profile`` per call, ``profkit.op`` per row.
+
+Both carry ``trace_id`` and ``span_id`` in OTel's hex form (the call's own span when the span
+exporter ran first, else the request's span), so a log backend joins them to the trace. The
+host application's structlog configuration (processors, renderer) applies unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from .._config import Config
+from .._model import CallSummary, WindowSummary
+from ._rows import call_fields, op_dict
+
+__all__ = ["LogExporter"]
+
+
+def _ids(call: CallSummary) -> dict[str, str]:
+    if call.trace_id:
+        return {"trace_id": call.trace_id, "span_id": call.span_id}
+    parent: Any = call.parent_span_context
+    if parent is not None:
+        return {"trace_id": f"{parent.trace_id:032x}", "span_id": f"{parent.span_id:016x}"}
+    return {}
+
+
+class LogExporter:
+    """Emits one ``profkit.profile`` event and ``top_k`` ``profkit.op`` events per call."""
+
+    name = "log"
+
+    def __init__(self, config: Config) -> None:
+        self._logger = config.logger
+
+    def export(self, summary: WindowSummary) -> None:
+        logger = self._logger if self._logger is not None else structlog.get_logger("profkit")
+        for call in summary.calls:
+            ids = _ids(call)
+            fields = call_fields(call)
+            if call.error is not None:
+                logger.warning("profkit.profile", **ids, **fields)
+            else:
+                logger.info("profkit.profile", **ids, **fields)
+            for rank, row in enumerate(call.root.ops, 1):
+                logger.info("profkit.op", **ids, label=call.label, rank=rank, **op_dict(row))

@@ -1,0 +1,157 @@
+"""OpenTelemetry spans: one per sampled call, inside the request's trace, one per nested scope.
+
+Spans are made after the fact on the export worker with the profiler's own start and end
+(epoch ns), as children of the span that was active when the call began. Per-op rows go on
+the spans as bounded parallel arrays (``profkit.ops.*``); the full rows are log records, not
+span events (OTel is deprecating span events, OTEP 4430).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
+
+from .._config import Config
+from .._model import CallSummary, OpRow, ScopeSummary, WindowSummary
+
+__all__ = ["SpanExporter", "op_attributes", "scope_attributes"]
+
+#: OTel's default span attribute count limit; profkit stays under it
+_MAX_SPAN_ATTRIBUTES = 128
+#: longest per-op array on a span
+_MAX_ROWS = 32
+
+
+def op_attributes(rows: Sequence[OpRow]) -> dict[str, Any]:
+    """Top-K op rows as parallel arrays of bounded length."""
+    rows = list(rows)[:_MAX_ROWS]
+    attrs: dict[str, Any] = {
+        "profkit.ops.name": [r.name for r in rows],
+        "profkit.ops.count": [r.count for r in rows],
+        "profkit.ops.self_cpu_us": [round(r.self_cpu_us, 3) for r in rows],
+        "profkit.ops.cpu_us": [round(r.cpu_us, 3) for r in rows],
+    }
+    if any(r.self_device_us or r.device_us for r in rows):
+        attrs["profkit.ops.self_device_us"] = [round(r.self_device_us, 3) for r in rows]
+        attrs["profkit.ops.device_us"] = [round(r.device_us, 3) for r in rows]
+    if any(r.self_cpu_memory or r.self_device_memory for r in rows):
+        attrs["profkit.ops.self_cpu_memory"] = [r.self_cpu_memory for r in rows]
+        attrs["profkit.ops.self_device_memory"] = [r.self_device_memory for r in rows]
+    if any(r.flops for r in rows):
+        attrs["profkit.ops.flops"] = [r.flops for r in rows]
+    if any(r.shapes for r in rows):
+        attrs["profkit.ops.shapes"] = [r.shapes or "" for r in rows]
+    return attrs
+
+
+def scope_attributes(call: CallSummary, scope: ScopeSummary) -> dict[str, Any]:
+    """Every attribute of one scope's span, profkit's first, capped at OTel's default limit."""
+    attrs: dict[str, Any] = {
+        "profkit.scope.label": scope.label,
+        "profkit.window.id": call.window_id,
+        "profkit.op_count": scope.op_count,
+        "profkit.self_cpu_us": round(scope.self_cpu_us, 3),
+        "profkit.timing": scope.timing,
+    }
+    if scope.self_device_us:
+        attrs["profkit.self_device_us"] = round(scope.self_device_us, 3)
+    if scope.code is not None:
+        attrs["code.function.name"] = scope.code.function
+        attrs["code.file.path"] = scope.code.file_path
+        attrs["code.line.number"] = scope.code.line_number
+    if scope.index == 0:
+        attrs.update(_root_attributes(call))
+    attrs.update(op_attributes(scope.ops))
+    for key, value in scope.attributes.items():
+        if len(attrs) >= _MAX_SPAN_ATTRIBUTES:
+            break
+        attrs.setdefault(key, value)
+    return attrs
+
+
+def _root_attributes(call: CallSummary) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "profkit.sampling.policy": call.policy,
+        "profkit.attribution": call.attribution,
+        "profkit.call.index": call.call_index,
+        "profkit.events.total": call.events_total,
+    }
+    if call.events_dropped:
+        attrs["profkit.events.dropped"] = call.events_dropped
+    if call.trace_path:
+        attrs["profkit.trace.path"] = call.trace_path
+    d = call.diagnosis
+    if d is not None:
+        attrs["profkit.diagnosis"] = d.verdict
+        attrs["profkit.diagnosis.reason"] = d.reason
+        for name, value in d.figures.items():
+            attrs[f"profkit.diagnosis.{name}"] = float(value)
+        attrs["profkit.amdahl.what"] = [w for w, _, _ in d.amdahl]
+        attrs["profkit.amdahl.fraction"] = [round(f, 4) for _, f, _ in d.amdahl]
+        attrs["profkit.amdahl.max_speedup"] = [round(s, 3) for _, _, s in d.amdahl]
+    return attrs
+
+
+class SpanExporter:
+    """Makes the spans of each sampled call through a TracerProvider (global by default)."""
+
+    name = "otel"
+
+    def __init__(self, config: Config) -> None:
+        self._provider = config.tracer_provider
+
+    def _tracer(self) -> trace.Tracer:
+        from .. import __version__
+
+        # resolved per export: the host may install its provider after profkit.configure()
+        return trace.get_tracer("profkit", __version__, tracer_provider=self._provider)
+
+    def export(self, summary: WindowSummary) -> WindowSummary:
+        """Emit the spans; returns the summary with each call's trace and span ids filled in."""
+        tracer = self._tracer()
+        calls = [self._export_call(tracer, call) for call in summary.calls]
+        return summary.replace_calls(calls)
+
+    def _export_call(self, tracer: trace.Tracer, call: CallSummary) -> CallSummary:
+        parent = call.parent_span_context
+        ctx = (
+            trace.set_span_in_context(NonRecordingSpan(parent))  # type: ignore[arg-type]
+            if parent is not None
+            else otel_context.Context()
+        )
+        spans: list[Span] = []
+        for scope in call.scopes:
+            span_ctx = ctx if scope.parent < 0 else trace.set_span_in_context(spans[scope.parent])
+            spans.append(
+                tracer.start_span(
+                    scope.label,
+                    context=span_ctx,
+                    kind=SpanKind.INTERNAL,
+                    attributes=scope_attributes(call, scope),
+                    start_time=scope.start_ns,
+                )
+            )
+        if call.error is not None:
+            root = spans[0]
+            root.set_status(Status(StatusCode.ERROR, f"{type(call.error).__name__}: {call.error}"))
+            root.record_exception(call.error)
+        for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
+            span.end(end_time=scope.end_ns)
+        sc = spans[0].get_span_context()
+        return dataclasses.replace(
+            call,
+            trace_id=trace.format_trace_id(sc.trace_id),
+            span_id=trace.format_span_id(sc.span_id),
+        )
+
+    def force_flush(self, timeout: float) -> bool:
+        provider = self._provider or trace.get_tracer_provider()
+        flush = getattr(provider, "force_flush", None)
+        if flush is None:
+            return True
+        return bool(flush(int(timeout * 1000)))

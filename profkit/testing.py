@@ -1,0 +1,105 @@
+"""Helpers for tests, profkit's own and yours: capture summaries, spans and log events.
+
+Example::
+
+    from profkit.testing import capture
+
+    def test_predict_is_profiled():
+        with capture(sample_every=1) as cap:
+            predict(batch)
+        assert cap.calls[0].label == "predict"
+        assert cap.spans()[0].name == "predict"
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from . import _errors
+from ._global import configure, shutdown
+from ._model import CallSummary, WindowSummary
+
+__all__ = ["Capture", "CaptureExporter", "capture", "raise_internal_errors", "reset"]
+
+
+class CaptureExporter:
+    """An exporter that keeps every summary it is given, in memory."""
+
+    name = "capture"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.windows: list[WindowSummary] = []
+
+    def export(self, summary: WindowSummary) -> None:
+        with self._lock:
+            self.windows.append(summary)
+
+    @property
+    def calls(self) -> list[CallSummary]:
+        with self._lock:
+            return [c for w in self.windows for c in w.calls]
+
+
+class Capture:
+    """What :func:`capture` collects: summaries, finished spans and the session's stats."""
+
+    def __init__(self, exporter: CaptureExporter, spans: InMemorySpanExporter) -> None:
+        self.exporter = exporter
+        self.span_exporter = spans
+        self.stats: dict[str, Any] = {}
+
+    @property
+    def calls(self) -> list[CallSummary]:
+        return self.exporter.calls
+
+    @property
+    def windows(self) -> list[WindowSummary]:
+        return list(self.exporter.windows)
+
+    def spans(self) -> tuple[ReadableSpan, ...]:
+        return tuple(self.span_exporter.get_finished_spans())
+
+
+@contextmanager
+def capture(**settings: Any) -> Iterator[Capture]:
+    """Configure a global session that exports into memory; shut it down (flushed) on exit.
+
+    Spans go to a private TracerProvider with an ``InMemorySpanExporter`` unless
+    ``tracer_provider`` is given; ``exporters`` defaults to ``("otel",)`` plus the capture.
+    """
+    spans = InMemorySpanExporter()
+    provider = settings.pop("tracer_provider", None)
+    if provider is None:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+    exporter = CaptureExporter()
+    settings.setdefault("exporters", ("otel",))
+    extra = tuple(settings.pop("extra_exporters", ()))
+    session = configure(tracer_provider=provider, extra_exporters=(*extra, exporter), **settings)
+    cap = Capture(exporter, spans)
+    try:
+        yield cap
+    finally:
+        session.force_flush(10.0)
+        cap.stats = session.stats.snapshot()
+        shutdown(10.0)
+
+
+def reset() -> None:
+    """Shut the global session down (flushing briefly) and forget it."""
+    shutdown(2.0)
+
+
+def raise_internal_errors(enabled: bool = True) -> bool:
+    """Make profkit re-raise its internal errors (for test suites); returns the old value."""
+    old = _errors.raise_internal
+    _errors.raise_internal = enabled
+    return old

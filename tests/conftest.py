@@ -1,0 +1,47 @@
+"""Shared fixtures: every test starts with no global session and internal errors raised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import profkit
+from profkit.testing import raise_internal_errors, reset
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profkit() -> Iterator[None]:
+    """Reset the global session around each test; profkit bugs raise instead of hiding."""
+    reset()
+    old = raise_internal_errors(True)
+    yield
+    reset()
+    raise_internal_errors(old)
+
+
+@pytest.fixture
+def swallow_internal_errors() -> Iterator[None]:
+    """For fault tests: profkit must contain the injected fault, as in production."""
+    old = raise_internal_errors(False)
+    yield
+    raise_internal_errors(old)
+
+
+@pytest.fixture
+def mlp() -> torch.nn.Module:
+    """A small MLP, the model most tests profile."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+    ).eval()
+
+
+@pytest.fixture
+def batch() -> torch.Tensor:
+    """A batch for the MLP."""
+    return torch.randn(32, 64)
+
+
+__all__ = ["profkit"]

@@ -1,0 +1,392 @@
+"""Diagnosis rules on synthetic call summaries (no torch, no profiler)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from profkit._config import Config
+from profkit._diagnosis import Thresholds, amdahl_speedup, diagnose
+from profkit._model import CallSummary, OpRow, ScopeSummary
+
+VERDICTS = {"input-bound", "launch-bound", "compute-bound", "balanced"}
+
+
+# --- builders ------------------------------------------------------------------------------
+
+
+def op(name: str, count: int, cpu: float, device: float = 0.0, other: bool = False) -> OpRow:
+    """One op row with ``count`` events of total self CPU time ``cpu`` (µs)."""
+    return OpRow(
+        name=name, count=count, self_cpu_us=cpu, cpu_us=cpu,
+        self_device_us=device, device_us=device, is_other=other,
+    )
+
+
+def scope(
+    label: str,
+    duration_us: float,
+    *,
+    index: int = 0,
+    parent: int = -1,
+    ops: Sequence[OpRow] = (),
+    op_count: int | None = None,
+    self_cpu_us: float | None = None,
+    self_device_us: float | None = None,
+) -> ScopeSummary:
+    """A scope; op count and self times default to the sums over ``ops``."""
+    return ScopeSummary(
+        index=index, parent=parent, label=label, start_ns=0,
+        end_ns=round(duration_us * 1000), attributes={}, ops=tuple(ops),
+        op_count=sum(r.count for r in ops) if op_count is None else op_count,
+        self_cpu_us=sum(r.self_cpu_us for r in ops) if self_cpu_us is None else self_cpu_us,
+        self_device_us=(
+            sum(r.self_device_us for r in ops) if self_device_us is None else self_device_us
+        ),
+    )
+
+
+def region(
+    label: str, duration_us: float, index: int, parent: int = 0, cpu: float = 0.0
+) -> ScopeSummary:
+    """A nested scope with ``cpu`` µs of op self time."""
+    return scope(label, duration_us, index=index, parent=parent, op_count=1, self_cpu_us=cpu)
+
+
+def call(root: ScopeSummary, *regions: ScopeSummary, device: bool = False) -> CallSummary:
+    """A call whose root scope is ``root`` and nested scopes are ``regions``."""
+    return CallSummary(
+        window_id=1, call_index=0, label=root.label, scopes=(root, *regions),
+        parent_span_context=None, policy="every", attribution="thread", device_active=device,
+    )
+
+
+DEFAULT = Thresholds()
+
+
+# --- verdicts ------------------------------------------------------------------------------
+
+
+def test_input_bound_names_the_region_with_most_outside_time() -> None:
+    """82% outside ops, mostly in 'preprocess': input-bound naming that region."""
+    root = scope("handler", 1000, ops=[op("aten::addmm", 10, 180)])
+    c = call(root, region("preprocess", 700, 1), region("model", 250, 2, cpu=180))
+    expected = "82% of the call outside torch ops, mostly in region 'preprocess'"
+    d = diagnose(c, DEFAULT)
+    assert (d.verdict, d.reason) == ("input-bound", expected)
+
+
+def test_input_bound_without_regions_has_a_plain_reason() -> None:
+    """Without nested scopes the input-bound reason names no region."""
+    c = call(scope("handler", 1000, ops=[op("aten::addmm", 10, 180)]))
+    assert diagnose(c, DEFAULT).reason == "82% of the call outside torch ops"
+
+
+def test_input_bound_region_is_exclusive_of_child_scopes() -> None:
+    """A parent scope's outside time excludes its children's: the inner region is named."""
+    root = scope("handler", 1000, ops=[op("aten::mm", 1, 100)])
+    c = call(root, region("outer", 800, 1), region("inner", 600, 2, parent=1))
+    expected = "90% of the call outside torch ops, mostly in region 'inner'"
+    assert diagnose(c, DEFAULT).reason == expected
+
+
+def test_input_bound_minor_region_gets_its_share() -> None:
+    """A region holding under half the outside time is named as the largest part."""
+    root = scope("handler", 1000, ops=[op("aten::mm", 1, 100)])
+    c = call(root, region("decode", 300, 1))
+    expected = "90% of the call outside torch ops, the largest part (33%) in region 'decode'"
+    assert diagnose(c, DEFAULT).reason == expected
+
+
+def test_launch_bound() -> None:
+    """Many ops with a tiny median: launch-bound, even though two rows hold all op time."""
+    rows = [op("aten::add", 1000, 3100), op("aten::mul", 234, 1170)]
+    d = diagnose(call(scope("step", 5000, ops=rows)), DEFAULT)
+    expected = "1,234 ops with a median of 3.1 \u00b5s each: the host is busy launching tiny ops"
+    assert (d.verdict, d.reason) == ("launch-bound", expected)
+
+
+def test_compute_bound() -> None:
+    """Two ops taking 91% of op time: compute-bound naming them."""
+    rows = [op("aten::addmm", 10, 600), op("aten::mm", 5, 219), op("aten::relu", 5, 81)]
+    d = diagnose(call(scope("forward", 1000, ops=rows)), DEFAULT)
+    expected = ("compute-bound", "aten::addmm and aten::mm take 91% of op time")
+    assert (d.verdict, d.reason) == expected
+
+
+def test_compute_bound_single_op() -> None:
+    """One op row taking all op time: compute-bound with a singular reason."""
+    d = diagnose(call(scope("forward", 1000, ops=[op("aten::conv2d", 3, 900)])), DEFAULT)
+    assert (d.verdict, d.reason) == ("compute-bound", "aten::conv2d takes 100% of op time")
+
+
+def test_balanced() -> None:
+    """Four even ops, few events, little outside time: balanced with the three figures."""
+    rows = [op(f"aten::op{i}", 2, 225) for i in range(4)]
+    d = diagnose(call(scope("forward", 1000, ops=rows)), DEFAULT)
+    expected = (
+        "no single cause: 10% outside torch ops, median op 112.5 \u00b5s, "
+        "top two ops take 50% of op time"
+    )
+    assert (d.verdict, d.reason) == ("balanced", expected)
+
+
+# --- boundaries ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op_cpu", "verdict"), [(500.0, "input-bound"), (501.0, "compute-bound")]
+)
+def test_input_bound_boundary(op_cpu: float, verdict: str) -> None:
+    """Outside share exactly at input_bound_share is input-bound; just below is not."""
+    d = diagnose(call(scope("f", 1000, ops=[op("aten::mm", 1, op_cpu)])), DEFAULT)
+    assert d.verdict == verdict
+
+
+@pytest.mark.parametrize(
+    ("count", "cpu", "verdict"),
+    [
+        (200, 4000.0, "launch-bound"),
+        (199, 3980.0, "compute-bound"),
+        (200, 4000.2, "compute-bound"),
+    ],
+)
+def test_launch_bound_boundary(count: int, cpu: float, verdict: str) -> None:
+    """Exactly min ops at exactly the median threshold is launch-bound; one past either is not."""
+    d = diagnose(call(scope("f", cpu * 1.25, ops=[op("aten::add", count, cpu)])), DEFAULT)
+    assert (d.verdict, d.figures["op_count"]) == (verdict, float(count))
+
+
+@pytest.mark.parametrize(("top", "verdict"), [(300.0, "compute-bound"), (299.0, "balanced")])
+def test_compute_bound_boundary(top: float, verdict: str) -> None:
+    """A top-two share exactly at compute_bound_top2_share is compute-bound; below is not."""
+    rest = 1000.0 - 2 * top
+    rows = [op("a", 1, top), op("b", 1, top), op("c", 1, rest / 2), op("d", 1, rest / 2)]
+    d = diagnose(call(scope("f", 1100, ops=rows)), DEFAULT)
+    assert d.verdict == verdict
+
+
+# --- edge cases ----------------------------------------------------------------------------
+
+
+def test_no_ops_is_balanced_with_nothing_to_judge() -> None:
+    """A call without ops is balanced, and the reason says there were no ops."""
+    d = diagnose(call(scope("idle", 1000)), DEFAULT)
+    expected = ("balanced", "no torch ops recorded in the call: nothing to judge", 0.0)
+    assert (d.verdict, d.reason, d.figures["median_op_us"]) == expected
+
+
+def test_zero_wall_time_is_balanced_with_no_amdahl() -> None:
+    """A call of zero duration is balanced, with zero shares and no Amdahl entries."""
+    d = diagnose(call(scope("instant", 0, ops=[op("aten::mm", 1, 5)])), DEFAULT)
+    reason = "the call took no measurable wall time: nothing to judge"
+    expected: tuple[str, str, float, list[object]] = ("balanced", reason, 0.0, [])
+    assert (d.verdict, d.reason, d.figures["outside_ops_share"], list(d.amdahl)) == expected
+
+
+def test_op_time_over_wall_clamps_outside_share() -> None:
+    """Op self time above the wall time (several threads) gives an outside share of 0."""
+    d = diagnose(call(scope("f", 100, ops=[op("aten::mm", 1, 150)])), DEFAULT)
+    assert d.figures["outside_ops_share"] == 0.0
+
+
+def test_top_op_ignores_the_other_row() -> None:
+    """The "other" row never counts as a top op, however large it is."""
+    rows = [op("other", 900, 800, other=True), op("aten::mm", 2, 100), op("aten::add", 4, 50)]
+    d = diagnose(call(scope("f", 1000, ops=rows)), DEFAULT)
+    expected = (100 / 950, 150 / 950, ["op:aten::mm", "op:aten::add"])
+    assert (d.figures["top1_share"], d.figures["top2_share"], [a[0] for a in d.amdahl]) == expected
+
+
+def test_median_is_weighted_by_count() -> None:
+    """The median expands each row's mean by its count (other row included)."""
+    rows = [op("aten::add", 3, 3), op("other", 1, 100, other=True)]
+    d = diagnose(call(scope("f", 1000, ops=rows)), DEFAULT)
+    assert d.figures["median_op_us"] == 1.0
+
+
+def test_median_of_even_event_count_averages_middle_pair() -> None:
+    """With an even number of events the median averages the two middle ones."""
+    d = diagnose(call(scope("f", 1000, ops=[op("a", 1, 2), op("b", 1, 4)])), DEFAULT)
+    assert d.figures["median_op_us"] == 3.0
+
+
+def test_median_falls_back_to_mean_without_rows() -> None:
+    """With events but no rows the median estimate is the mean op time."""
+    d = diagnose(call(scope("f", 1000, op_count=4, self_cpu_us=40)), DEFAULT)
+    assert d.figures["median_op_us"] == 10.0
+
+
+# --- device --------------------------------------------------------------------------------
+
+
+def test_gpu_figures_use_device_time() -> None:
+    """On a device, busy/idle figures appear and top shares use device self time."""
+    rows = [op("sgemm_128x64", 4, 5, device=200), op("aten::mm", 4, 600, device=0),
+            op("elementwise", 8, 5, device=50)]
+    d = diagnose(call(scope("f", 1000, ops=rows), device=True), DEFAULT)
+    figures = {k: d.figures[k] for k in ("device_busy_us", "device_idle_share", "top1_share")}
+    expected = {"device_busy_us": 250.0, "device_idle_share": 0.75, "top1_share": 0.8}
+    assert (figures, d.verdict, d.reason) == (
+        expected, "compute-bound", "sgemm_128x64 and elementwise take 100% of device op time"
+    )
+
+
+def test_cpu_call_has_no_device_figures() -> None:
+    """Without device activity the device figures are absent."""
+    d = diagnose(call(scope("f", 1000, ops=[op("aten::mm", 1, 900)])), DEFAULT)
+    assert sorted(d.figures) == [
+        "median_op_us", "op_count", "op_self_us", "outside_ops_share", "top1_share",
+        "top2_share", "wall_us",
+    ]
+
+
+def test_gpu_idle_with_small_host_op_time_is_input_bound() -> None:
+    """Device idle past the threshold and host ops under half the call: input-bound."""
+    rows = [op("sgemm", 4, 400, device=250)]
+    th = Thresholds(input_bound_share=0.7)
+    d = diagnose(call(scope("f", 1000, ops=rows), region("load", 500, 1), device=True), th)
+    expected = "device idle for 75% of the call, 60% outside torch ops, mostly in region 'load'"
+    assert (d.verdict, d.reason) == ("input-bound", expected)
+
+
+def test_gpu_idle_with_busy_host_is_not_input_bound() -> None:
+    """Device idle but host in ops for most of the call: not input-bound."""
+    rows = [op("sgemm", 4, 600, device=200)]
+    d = diagnose(call(scope("f", 1000, ops=rows), device=True), DEFAULT)
+    assert (d.verdict, d.figures["device_idle_share"]) == ("compute-bound", 0.8)
+
+
+def test_device_active_without_device_time_reads_cpu_time() -> None:
+    """Device recorded but no device time: fully idle, shares from CPU time."""
+    rows = [op("aten::mm", 1, 700), op("aten::add", 1, 100)]
+    d = diagnose(call(scope("f", 1000, ops=rows), device=True), DEFAULT)
+    expected = (1.0, 0.875, "compute-bound")
+    assert (d.figures["device_idle_share"], d.figures["top1_share"], d.verdict) == expected
+
+
+# --- Amdahl --------------------------------------------------------------------------------
+
+
+def test_amdahl_entries() -> None:
+    """Regions and ops as (what, f, 1/(1-f)), largest f first, at most five."""
+    rows = [op("aten::mm", 1, 250), op("aten::add", 1, 100), op("other", 9, 10, other=True)]
+    regions = [region("prep", 500, 1), region("a", 40, 2), region("b", 30, 3),
+               region("c", 20, 4)]
+    d = diagnose(call(scope("f", 1000, ops=rows), *regions), DEFAULT)
+    expected = [
+        ("region:prep", 0.5, 2.0), ("op:aten::mm", 0.25, 1 / (1 - 0.25)),
+        ("op:aten::add", 0.1, 1 / (1 - 0.1)), ("region:a", 0.04, 1 / (1 - 0.04)),
+        ("region:b", 0.03, 1 / (1 - 0.03)),
+    ]
+    assert list(d.amdahl) == expected
+
+
+def test_amdahl_clamps_f_below_one() -> None:
+    """A region as long as the call is clamped to f = 0.999999 with a finite speed-up."""
+    d = diagnose(call(scope("f", 1000, ops=[op("a", 1, 10)]), region("all", 1000, 1)), DEFAULT)
+    assert d.amdahl[0] == ("region:all", 0.999999, 1 / (1 - 0.999999))
+
+
+def test_amdahl_speedup() -> None:
+    """amdahl_speedup follows 1/((1-f)+f/s), with s=inf giving 1/(1-f)."""
+    actual = [amdahl_speedup(0.5, 2), amdahl_speedup(0.5, math.inf), amdahl_speedup(1.0, math.inf),
+              amdahl_speedup(0.0, 10)]
+    assert actual == [1 / (0.5 + 0.25), 2.0, math.inf, 1.0]
+
+
+@pytest.mark.parametrize(("f", "s"), [(-0.1, 2.0), (1.5, 2.0), (0.5, 0.0), (math.nan, 2.0)])
+def test_amdahl_speedup_rejects_bad_input(f: float, s: float) -> None:
+    """f outside [0, 1] or s <= 0 raises ValueError."""
+    with pytest.raises(ValueError, match="amdahl_speedup"):
+        amdahl_speedup(f, s)
+
+
+# --- thresholds ----------------------------------------------------------------------------
+
+
+def test_threshold_defaults_match_config() -> None:
+    """Thresholds has the Config field names and defaults."""
+    config_defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    expected = {f.name: config_defaults[f.name] for f in dataclasses.fields(Thresholds)}
+    assert dataclasses.asdict(Thresholds()) == expected
+
+
+def test_thresholds_from_config_and_any_object() -> None:
+    """from_config reads the four attributes off a Config or any object."""
+    ns = types.SimpleNamespace(launch_bound_op_us=5, launch_bound_min_ops=10,
+                               input_bound_share=0.3, compute_bound_top2_share=0.9)
+    actual = (Thresholds.from_config(Config()), Thresholds.from_config(ns))
+    assert actual == (Thresholds(), Thresholds(5.0, 10, 0.3, 0.9))
+
+
+# --- properties ----------------------------------------------------------------------------
+
+times = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
+shares = st.floats(min_value=0.01, max_value=1.0)
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> CallSummary:
+    """Random calls: op rows (maybe an other row), nested scopes, maybe a device."""
+    names = draw(st.lists(st.text("abcxyz:", min_size=1, max_size=8), max_size=6, unique=True))
+    rows = [op(n, draw(st.integers(0, 5000)), draw(times), draw(times)) for n in names]
+    if draw(st.booleans()):
+        rows.append(op("other", draw(st.integers(0, 5000)), draw(times), draw(times), other=True))
+    root = scope("root", draw(times), ops=rows)
+    parents = draw(st.lists(st.integers(0, 5), max_size=5))
+    regions = [region(f"r{i}", draw(times), i + 1, parent=min(p, i), cpu=draw(times))
+               for i, p in enumerate(parents)]
+    return call(root, *regions, device=draw(st.booleans()))
+
+
+@st.composite
+def thresholds(draw: st.DrawFn) -> Thresholds:
+    """Random valid thresholds."""
+    return Thresholds(draw(st.floats(0.01, 1000.0)), draw(st.integers(1, 10000)),
+                      draw(shares), draw(shares))
+
+
+@given(calls(), thresholds())
+def test_property_verdict_and_shares_are_well_formed(c: CallSummary, th: Thresholds) -> None:
+    """The verdict is one of the four, the reason one line, every share in [0, 1]."""
+    d = diagnose(c, th)
+    share_keys = [k for k in d.figures if k.endswith("_share")]
+    in_range = all(0.0 <= d.figures[k] <= 1.0 for k in share_keys)
+    assert (d.verdict in VERDICTS, "\n" in d.reason, bool(d.reason), in_range) == (
+        True, False, True, True
+    )
+
+
+@given(calls(), thresholds())
+def test_property_amdahl_is_sorted_and_bounded(c: CallSummary, th: Thresholds) -> None:
+    """Amdahl entries: at most five, f descending in [0, 1), speed-up 1/(1-f) >= 1."""
+    entries = list(diagnose(c, th).amdahl)
+    fs = [f for _, f, _ in entries]
+    ok = all(0.0 <= f < 1.0 and s >= 1.0 and s == 1 / (1 - f) for _, f, s in entries)
+    assert (len(entries) <= 5, fs == sorted(fs, reverse=True), ok) == (True, True, True)
+
+
+@given(calls(), thresholds(), shares)
+def test_property_raising_input_share_never_creates_input_bound(
+    c: CallSummary, th: Thresholds, higher: float
+) -> None:
+    """Raising input_bound_share never turns a non-input-bound call into an input-bound one."""
+    low, high = sorted((th.input_bound_share, higher))
+    before = diagnose(c, dataclasses.replace(th, input_bound_share=low)).verdict
+    after = diagnose(c, dataclasses.replace(th, input_bound_share=high)).verdict
+    assert not (before != "input-bound" and after == "input-bound")
+
+
+@given(st.floats(0.0, 1.0), st.floats(1.0, 1e6))
+def test_property_amdahl_speedup_between_one_and_limit(f: float, s: float) -> None:
+    """A speed-up s of fraction f gives an overall speed-up in [1, min(s, 1/(1-f))]."""
+    overall = amdahl_speedup(f, s)
+    limit = amdahl_speedup(f, math.inf)
+    assert (overall >= 1.0 - 1e-12, overall <= min(s, limit) * (1 + 1e-12)) == (True, True)
