@@ -5,8 +5,6 @@ a session that runs one root call in N under ``torch.profiler`` and exports a su
 as OpenTelemetry spans and structlog events.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 from ._api import profiled, region

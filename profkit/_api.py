@@ -161,7 +161,7 @@ def _drive_gen(gen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | Non
             try:
                 send = yield value
             except GeneratorExit:
-                gen.close()
+                _with_frame(frame if handle is not None else None, gen.close)
                 raise
             except BaseException as exc:
                 throw = exc
@@ -171,6 +171,16 @@ def _drive_gen(gen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | Non
     finally:
         if handle is not None:
             _exit_detached(handle, error)
+
+
+def _with_frame(frame: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` with our frame set, so scopes inside the generator unwind into it."""
+    token = FRAME.set(frame) if frame is not None else None
+    try:
+        return fn()
+    finally:
+        if token is not None:
+            FRAME.reset(token)
 
 
 def _enter_detached(
@@ -215,7 +225,12 @@ async def _drive_agen(agen: Any, label: str, attrs: dict[str, Any], code: CodeIn
             try:
                 send = yield value
             except GeneratorExit:
-                await agen.aclose()
+                token = FRAME.set(frame) if handle is not None else None
+                try:
+                    await agen.aclose()
+                finally:
+                    if token is not None:
+                        FRAME.reset(token)
                 raise
             except BaseException as exc:
                 throw = exc

@@ -1,0 +1,89 @@
+"""configure(): strict ValueErrors naming the setting; env vars fill defaults leniently."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import profkit
+from profkit._config import ENV_VARS, build_config
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"sample_every": 0}, "sample_every"),
+        ({"sample_rate": 1.5}, "sample_rate"),
+        ({"sample_every": 10, "sample_rate": 0.1}, "sample_every"),
+        ({"top_k": -1}, "top_k"),
+        ({"window": 0}, "window"),
+        ({"warmup": -1}, "warmup"),
+        ({"activities": "tpu"}, "activities"),
+        ({"exporters": ("nope",)}, "exporters"),
+        ({"max_per_minute": 0}, "max_per_minute"),
+        ({"enabled": "yes"}, "enabled"),
+        ({"export_timeout": 0}, "export_timeout"),
+        ({"no_such_setting": 1}, "no_such_setting"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_setting(settings: dict, name: str) -> None:
+    """Each bad argument raises ValueError whose message names the setting."""
+    with pytest.raises(ValueError, match=name):
+        profkit.configure(**settings)
+    assert profkit.get_session() is None
+
+
+def test_bad_env_var_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_SAMPLE_EVERY=abc warns, does not raise, and the default applies."""
+    monkeypatch.setenv("PROFKIT_SAMPLE_EVERY", "abc")
+    with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SAMPLE_EVERY"):
+        session = profkit.configure(exporters=())
+    assert 100 == session.config.every
+
+
+def test_env_vars_fill_unset_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Valid env vars set defaults; explicit arguments win over them."""
+    monkeypatch.setenv("PROFKIT_SAMPLE_EVERY", "7")
+    monkeypatch.setenv("PROFKIT_TOP_K", "3")
+    monkeypatch.setenv("PROFKIT_RECORD_SHAPES", "true")
+    monkeypatch.setenv("PROFKIT_EXPORTERS", "log,json")
+    cfg = build_config({"top_k": 5})
+    assert (7, 5, True, ("log", "json")) == (
+        cfg.sample_every,
+        cfg.top_k,
+        cfg.record_shapes,
+        cfg.exporters,
+    )
+
+
+def test_explicit_rate_ignores_env_every(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sample_rate given explicitly is not contradicted by PROFKIT_SAMPLE_EVERY."""
+    monkeypatch.setenv("PROFKIT_SAMPLE_EVERY", "7")
+    cfg = build_config({"sample_rate": 0.5})
+    assert (None, 0.5, None) == (cfg.sample_every, cfg.sample_rate, cfg.every)
+
+
+def test_every_setting_but_objects_has_an_env_var() -> None:
+    """Every value setting has a PROFKIT_<NAME> variable."""
+    names = {f.name for f in dataclasses.fields(profkit.Config)}
+    objects = {"tracer_provider", "logger", "extra_exporters"}
+    assert names - objects == set(ENV_VARS)
+    assert all(v == f"PROFKIT_{k.upper()}" for k, v in ENV_VARS.items())
+
+
+def test_import_with_bad_env_does_not_crash() -> None:
+    """A bad PROFKIT_* variable never breaks `import profkit` in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    env = {"PROFKIT_SAMPLE_EVERY": "abc", "PROFKIT_TOP_K": "-4", "PATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", "import profkit; print(profkit.stats()['root_calls'])"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (0, "0") == (out.returncode, out.stdout.strip())

@@ -1,0 +1,34 @@
+"""The public surface: __all__ is sorted and complete, and the contract names exist."""
+
+from __future__ import annotations
+
+import profkit
+
+
+def test_all_is_sorted() -> None:
+    """__all__ is sorted (dunder first, then case-sensitive order)."""
+    assert sorted(profkit.__all__) == profkit.__all__
+
+
+def test_all_is_complete() -> None:
+    """Every public attribute of the package is in __all__ and resolves."""
+    public = {
+        name
+        for name in dir(profkit)
+        if not name.startswith("_") and not isinstance(getattr(profkit, name), type(profkit))
+    }
+    assert public | {"__version__"} == set(profkit.__all__)
+
+
+def test_contract_names() -> None:
+    """The names fixed by the design brief are exported."""
+    for name in ("configure", "profiled", "region", "trigger", "stats", "force_flush", "shutdown"):
+        assert callable(getattr(profkit, name))
+
+
+def test_stats_before_configure_is_all_zero() -> None:
+    """stats() works before configure() and reports nothing."""
+    s = profkit.stats()
+    assert (0, 0, 0) == (s["root_calls"], s["sampled"], s["errors"])
+    assert profkit.force_flush(0.1)
+    assert profkit.shutdown(0.1)

@@ -1,0 +1,74 @@
+"""Samplers: exact counts, trace-id consistency, the rate cap, and trigger()."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from profkit._sampling import EveryN, RateLimiter, TraceIdRatio, Triggered, trace_id_bound
+
+
+def test_every_n_samples_first_and_every_nth() -> None:
+    """EveryN(4) picks calls 0, 4, 8, ... of 12."""
+    s = EveryN(4)
+    assert [0, 4, 8] == [i for i in range(12) if s.decide(None)]
+
+
+@given(n=st.integers(1, 50), calls=st.integers(0, 500))
+def test_every_n_count_is_exact(n: int, calls: int) -> None:
+    """EveryN(n) over `calls` calls samples exactly ceil(calls / n)."""
+    s = EveryN(n)
+    assert math.ceil(calls / n) == sum(s.decide(None) for _ in range(calls))
+
+
+def test_ratio_uses_trace_id_like_otel() -> None:
+    """The decision is low64(trace_id) < rate * 2**64, as OTel's TraceIdRatioBased."""
+    s = TraceIdRatio(0.25)
+    bound = trace_id_bound(0.25)
+    assert s.decide((7 << 64) | (bound - 1))
+    assert not s.decide((7 << 64) | bound)
+
+
+@given(rate=st.floats(0, 1), trace_id=st.integers(1, (1 << 128) - 1))
+def test_two_sessions_decide_identically_for_a_trace(rate: float, trace_id: int) -> None:
+    """Two independent samplers (two processes) agree for every trace id."""
+    a = TraceIdRatio(rate, rng=random.Random(1).random)
+    b = TraceIdRatio(rate, rng=random.Random(2).random)
+    assert a.decide(trace_id) == b.decide(trace_id)
+
+
+def test_ratio_without_trace_uses_injected_rng() -> None:
+    """With no active trace the injected RNG decides."""
+    values = iter([0.05, 0.5, 0.09, 0.99])
+    s = TraceIdRatio(0.1, rng=lambda: next(values))
+    assert [True, False, True, False] == [s.decide(None) for _ in range(4)]
+
+
+@given(rate=st.floats(0, 1), seed=st.integers(0, 1000))
+def test_ratio_extremes(rate: float, seed: int) -> None:
+    """Rate 0 never samples, rate 1 always does, for traces and for the RNG."""
+    rng = random.Random(seed)
+    tid = rng.getrandbits(128) | 1
+    assert not TraceIdRatio(0.0).decide(tid)
+    assert TraceIdRatio(1.0).decide(tid)
+    assert TraceIdRatio(rate, rng=lambda: 0.0).decide(None) == (rate > 0)
+
+
+def test_rate_limiter_caps_and_refills() -> None:
+    """60/min allows a burst of 60, then one more per second of the injected clock."""
+    now = [0.0]
+    limiter = RateLimiter(60, clock=lambda: now[0])
+    assert 60 == sum(limiter.allow() for _ in range(100))
+    now[0] = 1.0
+    assert [True, False] == [limiter.allow(), limiter.allow()]
+
+
+def test_triggered_counts_down() -> None:
+    """trigger(n) grants exactly n overrides."""
+    t = Triggered()
+    t.add(2)
+    assert [True, True, False] == [t.take(), t.take(), t.take()]
+    assert 0 == t.pending
