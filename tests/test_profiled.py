@@ -277,7 +277,7 @@ def test_region_object_can_be_reentered() -> None:
     r = profkit.region("again")
     with capture(sample_every=1) as cap:
         with r:
-            with r:
+            with r:  # noqa: SIM117 - the point is one object entered twice
                 pass
         assert FRAME.get() is None
     assert ["again", "again"] == _labels(cap.calls[0])

@@ -169,7 +169,8 @@ def test_configure_again_replaces_the_session(mlp, batch) -> None:
     predict(mlp, batch)
     assert profkit.get_session() is second
     assert first.stats.root_calls == 1 == second.stats.root_calls
-    assert first.force_flush(5) and second.force_flush(5)
+    assert first.force_flush(5)
+    assert second.force_flush(5)
 
 
 def test_disabled_session_does_nothing(mlp, batch) -> None:

@@ -1,0 +1,160 @@
+"""Structured logs: ``profkit.profile`` / ``profkit.op`` events joined to the trace by their ids."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from structlog.testing import capture_logs
+
+import profkit
+from profkit.testing import capture
+
+torch.manual_seed(0)
+MODEL = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+BATCH = torch.randn(32, 64)
+
+
+@profkit.profiled("predict")
+def predict(batch: torch.Tensor) -> torch.Tensor:
+    """A region around the model."""
+    with profkit.region("forward"), torch.no_grad():
+        out: torch.Tensor = MODEL(batch)
+    return out
+
+
+@profkit.profiled("failing")
+def failing() -> None:
+    """Raises after an op."""
+    torch.ones(4).sum()
+    raise KeyError("missing")
+
+
+def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def test_log_events_carry_the_span_ids() -> None:
+    """profkit.profile and every profkit.op event carry the trace and span id of the call's span."""
+    with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log")) as cap:
+        for _ in range(2):
+            predict(BATCH)
+        assert profkit.force_flush(10.0)
+    roots = [s for s in cap.spans() if s.name == "predict"]
+    profiles = _events(logs, "profkit.profile")
+    assert len(profiles) == 2
+    for root, event, call in zip(roots, profiles, cap.calls, strict=True):
+        trace_id = trace.format_trace_id(root.context.trace_id)
+        span_id = trace.format_span_id(root.context.span_id)
+        assert (trace_id, span_id) == (event["trace_id"], event["span_id"])
+        ops = [e for e in _events(logs, "profkit.op") if e["span_id"] == span_id]
+        assert len(call.root.ops) == len(ops)
+        assert {trace_id} == {e["trace_id"] for e in ops}
+        assert [r.name for r in call.root.ops] == [e["op"] for e in ops]
+        assert list(range(1, len(ops) + 1)) == [e["rank"] for e in ops]
+        assert root.attributes is not None
+        assert list(root.attributes["profkit.ops.name"]) == [e["op"] for e in ops]  # type: ignore[arg-type]
+    assert {e["log_level"] for e in logs if e["event"].startswith("profkit.")} == {"info"}
+
+
+def test_profile_event_fields() -> None:
+    """The profile event holds the call's label, regions, totals and top rows."""
+    with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log"), top_k=3) as cap:
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    (event,) = _events(logs, "profkit.profile")
+    (call,) = cap.calls
+    assert event["label"] == "predict"
+    assert call.root.op_count == event["op_count"]
+    assert [r["region"] for r in event["regions"]] == ["forward"]
+    assert [r["op"] for r in event["top_ops"]] == [r.name for r in call.root.ops]
+    assert event["top_ops"][-1]["op"] == "other"
+    assert sum(r.count for r in call.root.ops) == sum(r["count"] for r in event["top_ops"])
+    assert event["top_ops"][0]["op"] == "aten::addmm"
+    assert call.diagnosis is not None
+    assert call.diagnosis.verdict == event["diagnosis"]
+    assert len(_events(logs, "profkit.op")) == 4
+
+
+def test_log_only_events_carry_the_request_span_ids() -> None:
+    """Without the span exporter the events point at the span that was active at call time."""
+    tracer = TracerProvider().get_tracer("test")
+    with capture_logs() as logs, capture(sample_every=1, exporters=("log",)):
+        with tracer.start_as_current_span("request") as request:
+            predict(BATCH)
+        predict(BATCH)  # no active span: no ids to join on
+        assert profkit.force_flush(10.0)
+    ctx = request.get_span_context()
+    first, second = _events(logs, "profkit.profile")
+    assert (trace.format_trace_id(ctx.trace_id), trace.format_span_id(ctx.span_id)) == (
+        first["trace_id"],
+        first["span_id"],
+    )
+    assert "trace_id" not in second
+    assert "span_id" not in second
+
+
+def test_failed_call_logs_a_warning() -> None:
+    """A call that raised is logged at warning level with the exception's type."""
+    with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log")):
+        with pytest.raises(KeyError, match="missing"):
+            failing()
+        assert profkit.force_flush(10.0)
+    (event,) = _events(logs, "profkit.profile")
+    assert event["log_level"] == "warning"
+    assert event["error"] == "KeyError"
+
+
+class RecordingLogger:
+    """A structlog-style logger that keeps (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.records.append(("info", event, fields))
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.records.append(("warning", event, fields))
+
+
+def test_configured_logger_is_used() -> None:
+    """configure(logger=...) sends the events there instead of structlog.get_logger()."""
+    logger = RecordingLogger()
+    with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log"), logger=logger):
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    assert [e for e in logs if e["event"].startswith("profkit.")] == []
+    assert logger.records[0][:2] == ("info", "profkit.profile")
+    assert {r[1] for r in logger.records[1:]} == {"profkit.op"}
+    span_ids = {r[2]["span_id"] for r in logger.records}
+    assert len(span_ids) == 1
+
+
+def test_json_lines_exporter(capsys: pytest.CaptureFixture[str]) -> None:
+    """The "json" exporter writes one parseable line per call, with the span's ids."""
+    with capture(sample_every=1, exporters=("otel", "json")) as cap:
+        predict(BATCH)
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [c.span_id for c in cap.calls] == [line["span_id"] for line in lines]
+    assert {line["event"] for line in lines} == {"profkit.profile"}
+    assert [r.name for r in cap.calls[0].root.ops] == [r["op"] for r in lines[0]["top_ops"]]
+
+
+def test_console_exporter(capsys: pytest.CaptureFixture[str]) -> None:
+    """The "console" exporter prints a readable block with the regions and top ops on stderr."""
+    with capture(sample_every=1, exporters=("otel", "console")) as cap:
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    err = capsys.readouterr().err
+    (call,) = cap.calls
+    assert f"profkit ▸ predict  {call.root.duration_us / 1000:.3f} ms" in err
+    assert f"trace {call.trace_id} span {call.span_id}" in err
+    assert "region forward" in err
+    assert "aten::addmm" in err

@@ -1,0 +1,142 @@
+"""Fidelity: profkit's op rows are torch's own ``key_averages()`` rows for the same profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import profkit
+from profkit import _dispatch
+from profkit._window import Window
+from profkit.testing import capture
+
+#: relative tolerance for self CPU times (float summation order differs)
+REL = 1e-6
+
+
+@pytest.fixture
+def profiles(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Keep every window's torch profiler, which the session otherwise releases after export."""
+    kept: list[Any] = []
+    original = _dispatch.Dispatcher.summarise
+
+    def summarise(self: _dispatch.Dispatcher, win: Window) -> Any:
+        kept.append(win.prof)
+        return original(self, win)
+
+    monkeypatch.setattr(_dispatch.Dispatcher, "summarise", summarise)
+    return kept
+
+
+def _torch_rows(prof: Any, labels: set[str], by_shapes: bool) -> dict[tuple[str, str], Any]:
+    """torch's key_averages rows of the window, without profkit's own scope annotations."""
+    rows = prof.key_averages(group_by_input_shape=by_shapes)
+    out = {}
+    for row in rows:
+        if row.key in labels and row.is_user_annotation:
+            continue
+        shapes = str(row.input_shapes) if by_shapes and row.input_shapes else ""
+        assert (row.key, shapes) not in out
+        out[(row.key, shapes)] = row
+    return out
+
+
+def _close(expected: float, actual: float) -> bool:
+    return abs(expected - actual) <= REL * max(abs(expected), 1.0)
+
+
+def _run(mlp: torch.nn.Module, batch: torch.Tensor, **settings: Any) -> Any:
+    @profkit.profiled("predict")
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        with profkit.region("preprocess"):
+            x = (x - x.mean()) / (x.std() + 1e-5)
+        with profkit.region("forward"), torch.no_grad():
+            out: torch.Tensor = mlp(x)
+        return out.softmax(-1)
+
+    with capture(sample_every=1, **settings) as cap:
+        predict(batch)
+    (call,) = cap.calls
+    return call
+
+
+@pytest.mark.parametrize("by_shapes", [False, True])
+def test_every_row_matches_key_averages(
+    profiles: list[Any], mlp: torch.nn.Module, batch: torch.Tensor, by_shapes: bool
+) -> None:
+    """With top_k large, each root row equals torch's row by name: count and self CPU time."""
+    call = _run(mlp, batch, top_k=10_000, record_shapes=by_shapes)
+    (prof,) = profiles
+    labels = {s.label for s in call.scopes}
+    expected = _torch_rows(prof, labels, by_shapes)
+    ours = {(r.name, r.shapes or ""): r for r in call.root.ops}
+    assert not any(r.is_other for r in call.root.ops)
+    assert sorted(expected) == sorted(ours)
+    assert any(name == "aten::addmm" for name, _ in ours)
+    for key, row in ours.items():
+        torch_row = expected[key]
+        assert torch_row.count == row.count, key
+        assert _close(torch_row.self_cpu_time_total, row.self_cpu_us), key
+        assert _close(torch_row.cpu_time_total, row.cpu_us), key
+    assert sum(r.count for r in expected.values()) == call.root.op_count
+    total = sum(r.self_cpu_time_total for r in expected.values())
+    assert _close(total, call.root.self_cpu_us)
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 8])
+def test_top_k_plus_other_adds_up_to_the_totals(
+    profiles: list[Any], mlp: torch.nn.Module, batch: torch.Tensor, top_k: int
+) -> None:
+    """The top-K rows are torch's heaviest rows; "other" holds exactly the rest."""
+    call = _run(mlp, batch, top_k=top_k)
+    (prof,) = profiles
+    expected = _torch_rows(prof, {s.label for s in call.scopes}, False)
+    ops = call.root.ops
+    head, other = ops[:-1], ops[-1]
+    assert top_k == len(head)
+    assert other.is_other
+    assert other.name == "other"
+    assert not any(r.is_other for r in head)
+    heaviest = sorted(expected.values(), key=lambda r: (r.self_cpu_time_total, r.key), reverse=True)
+    assert [r.key for r in heaviest[:top_k]] == [r.name for r in head]
+    for row in head:
+        assert expected[(row.name, "")].count == row.count
+        assert _close(expected[(row.name, "")].self_cpu_time_total, row.self_cpu_us)
+    rest = [r for k, r in expected.items() if k[0] not in {h.name for h in head}]
+    assert sum(r.count for r in rest) == other.count
+    assert _close(sum(r.self_cpu_time_total for r in rest), other.self_cpu_us)
+    assert sum(r.count for r in expected.values()) == sum(r.count for r in ops)
+    assert call.root.op_count == sum(r.count for r in ops)
+    total = sum(r.self_cpu_time_total for r in expected.values())
+    assert _close(total, sum(r.self_cpu_us for r in ops))
+    assert _close(total, call.root.self_cpu_us)
+
+
+def test_region_rows_match_key_averages_of_their_range(
+    profiles: list[Any], mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """A region's rows are torch's rows restricted to the ops inside the region's range."""
+    call = _run(mlp, batch, top_k=10_000)
+    (prof,) = profiles
+    (forward,) = [s for s in call.scopes if s.label == "forward"]
+    (mark,) = [e for e in prof.events() if e.name == "forward" and e.is_user_annotation]
+    inside = [
+        e
+        for e in prof.events()
+        if not e.is_user_annotation
+        and mark.time_range.start <= e.time_range.start
+        and e.time_range.end <= mark.time_range.end
+    ]
+    expected: dict[str, list[float]] = {}
+    for e in inside:
+        acc = expected.setdefault(e.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += e.self_cpu_time_total
+    assert sorted(expected) == sorted(r.name for r in forward.ops)
+    for row in forward.ops:
+        assert expected[row.name][0] == row.count
+        assert _close(expected[row.name][1], row.self_cpu_us)
+    assert "aten::addmm" in expected
+    assert "aten::softmax" not in expected

@@ -1,0 +1,40 @@
+"""mypy sees through @profiled and region(): the original signatures are kept (ParamSpec)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+
+@pytest.mark.timeout(300)
+def test_decorators_keep_signatures_for_mypy(tmp_path: pathlib.Path) -> None:
+    """reveal_type shows the wrapped signatures and a wrong argument type is an error."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path),
+            "--no-error-summary",
+            str(HERE / "typing" / "api_usage.py"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=280,
+    ).stdout
+    lines = [line.split(": ", 1)[1] for line in out.splitlines() if ": " in line]
+    assert [
+        'note: Revealed type is "def (x: int, y: int =) -> int"',
+        'note: Revealed type is "def (url: str) -> typing.Coroutine[Any, Any, bytes]"',
+        'note: Revealed type is "def (n: int) -> typing.Iterator[int]"',
+        'note: Revealed type is "def (flag: bool) -> str"',
+        'error: Argument 1 to "add" has incompatible type "str"; expected "int"  [arg-type]',
+    ] == lines

@@ -1,0 +1,34 @@
+"""Type-checked by tests/test_typing.py: decorators keep the wrapped signature."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import profkit
+
+
+@profkit.profiled
+def add(x: int, y: int = 1) -> int:
+    return x + y
+
+
+@profkit.profiled("named", attributes={"k": "v"})
+async def fetch(url: str) -> bytes:
+    return url.encode()
+
+
+@profkit.profiled(name="gen")
+def numbers(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+@profkit.region("stage")
+def staged(flag: bool) -> str:
+    return str(flag)
+
+
+reveal_type(add)  # noqa: F821
+reveal_type(fetch)  # noqa: F821
+reveal_type(numbers)  # noqa: F821
+reveal_type(staged)  # noqa: F821
+add("not an int")  # expected error: the original signature is enforced
