@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 def _demo(args: argparse.Namespace) -> int:
     import torch
-    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     import profkit

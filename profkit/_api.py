@@ -8,15 +8,28 @@ counter step and a ContextVar set/reset.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+import types
 from collections.abc import Callable, Generator
 from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
 from ._model import CodeInfo
-from ._scope import FRAME, GLOBAL, Active, ScopeHandle, enter, exit_, run_sync
+from ._scope import (
+    FRAME,
+    GLOBAL,
+    OFF,
+    Active,
+    ScopeHandle,
+    enter,
+    exit_,
+    root_failed,
+    run_sync,
+    sampled_root,
+)
 
 __all__ = ["profiled", "region"]
 
@@ -245,8 +258,56 @@ async def _drive_agen(agen: Any, label: str, attrs: dict[str, Any], code: CodeIn
 def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
     target = getattr(func, "__func__", func)
     label = name or getattr(target, "__qualname__", None) or repr(target)
-    wrapper = _make_wrapper(_kind(func), label, dict(attributes or {}), _code_info(func))
-    return wrapt.FunctionWrapper(func, wrapper)
+    kind = _kind(func)
+    attrs = dict(attributes or {})
+    if kind == "sync" and type(func) is types.FunctionType:
+        return _plain_function(func, label, attrs, _code_info(func))
+    return wrapt.FunctionWrapper(func, _make_wrapper(kind, label, attrs, _code_info(func)))
+
+
+def _plain_function(
+    func: Callable[..., Any], label: str, attrs: dict[str, Any], code: CodeInfo | None
+) -> Callable[..., Any]:
+    """A plain ``def`` (also a method defined in a class body) gets a closure, not a proxy.
+
+    ``wrapt.FunctionWrapper`` costs about 1 µs a call for a plain function (it looks up
+    ``__self__`` and builds the AttributeError), the whole off-sample budget; a closure that
+    ``functools.wraps`` the function keeps name, docstring, ``__wrapped__`` and signature and
+    binds as a method like any function. The unsampled root path is inlined from ``run_sync``.
+    """
+
+    @functools.wraps(func)
+    def profiled_call(*args: Any, **kwargs: Any) -> Any:
+        frame = FRAME.get()
+        if frame is None:
+            session = GLOBAL.session
+            if session is None or not session.active:
+                return func(*args, **kwargs)
+            try:
+                call = session.begin_root(label)
+            except Exception as exc:
+                root_failed(session, exc)
+                call = None
+            if call is None:
+                token = FRAME.set(OFF)
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    FRAME.reset(token)
+            handle = sampled_root(session, call, label, attrs, code)
+            error: BaseException | None = None
+            try:
+                return func(*args, **kwargs)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                exit_(handle, error)
+        if frame is OFF:
+            return func(*args, **kwargs)
+        return run_sync(label, attrs, code, func, args, kwargs)
+
+    return profiled_call
 
 
 @overload
@@ -308,6 +369,8 @@ class region:
         self._outer: list[ScopeHandle | None] | None = None  # only when one object re-enters
 
     def __enter__(self) -> region:
+        if self._handle is None and FRAME.get() is OFF:
+            return self  # nested in an unsampled root call: nothing to record or undo
         handle = enter(self.label, self._attributes, None)
         if self._handle is not None:
             if self._outer is None:
@@ -318,6 +381,8 @@ class region:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         handle = self._handle
+        if handle is None and not self._outer:
+            return
         self._handle = self._outer.pop() if self._outer else None
         if handle is not None:
             exit_(handle, exc)

@@ -99,13 +99,17 @@ class Config:
     """User attributes kept per scope."""
 
     launch_bound_op_us: float = 20.0
-    """Diagnosis: median op self time (µs) at or below which many ops read as launch-bound."""
+    """Diagnosis: median op self time (µs) at or below which many ops read as launch-bound.
+
+    Also the launch-glue allowance: this much host time per op event outside the ops (Python,
+    dispatch, profiler bookkeeping between ops) counts as launching them, not as input.
+    """
 
     launch_bound_min_ops: int = 200
     """Diagnosis: ops per call at or above which a call can be launch-bound."""
 
     input_bound_share: float = 0.5
-    """Diagnosis: share of the call outside torch ops at or above which it is input-bound."""
+    """Diagnosis: share of the call outside torch ops (less launch glue) making it input-bound."""
 
     compute_bound_top2_share: float = 0.6
     """Diagnosis: share of op time taken by the top two ops at which a call is compute-bound."""

@@ -5,20 +5,30 @@ imports torch, so every rule is testable on synthetic summaries.
 
 The rules, checked in order (the first that holds wins):
 
-1. **input-bound**: the share of the call's wall time spent outside torch ops
-   (``wall - root.self_cpu_us``, clamped at 0) is at least ``input_bound_share``; or, when
-   device activity was recorded, the device is idle for at least ``input_bound_share`` of the
-   call while the host spends less than half of it in torch ops.
+1. **input-bound**: the call's *input share* is at least ``input_bound_share``. When device
+   activity was recorded, the device must also be idle for at least ``input_bound_share`` of
+   the call, and then an input share of one half is enough (when the threshold is higher):
+   the host outside ops may be waiting for a busy device, which is not input.
 2. **launch-bound**: at least ``launch_bound_min_ops`` op events and an (estimated) median op
    self CPU time of at most ``launch_bound_op_us``.
 3. **compute-bound**: the two heaviest op rows take at least ``compute_bound_top2_share`` of
-   the op time (device self time when the device recorded any, host self CPU time otherwise).
+   the op time (device kernels' self time when the device recorded any, host self CPU time
+   otherwise).
 4. **balanced**: none of the above, and also the verdict for a call with no ops or no wall
    time (nothing to judge).
 
+The input share is the time outside torch ops (``wall - self CPU time of the ops``) less a
+*launch-glue allowance* of ``launch_bound_op_us`` per op event, over the wall time. The
+allowance is what keeps a loop of thousands of tiny ops launch-bound: the Python, the
+dispatcher and the profiler's own bookkeeping between two ops are outside every op, but they
+are part of launching it, not input. The allowance is taken scope by scope (the root's own
+part and each nested region's own part, child regions excluded), so a ``preprocess`` region
+with no ops keeps all of its time however many ops the model region runs.
+
 The median op time is an estimate: a summary holds only aggregated rows, so each row stands
 for ``count`` events of its mean duration ``self_cpu_us / count``, and the median is taken
-over those expanded events (the "other" row included, since it stands for real events).
+over those expanded events (the "other" row included, since it stands for real events;
+device kernel rows left out, since they take no host time).
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ AmdahlEntry = tuple[str, float, float]
 _MAX_F = 0.999999
 """Largest fraction used in Amdahl entries, so that the best speed-up stays finite."""
 
-_HOST_OPS_SMALL_SHARE = 0.5
-"""On a device, host op time is "small" when it is under this share of the wall time."""
+_HALF = 0.5
+"""On a device, an input share of a half is enough when the device is idle long enough."""
 
 _MAX_AMDAHL = 5
 """Amdahl entries kept per call."""
@@ -125,7 +135,7 @@ def diagnose(call: CallSummary, thresholds: Thresholds) -> Diagnosis:
     Returns:
         The verdict, a one-line reason, the figures that decided it, and the Amdahl entries.
     """
-    figures = _figures(call)
+    figures = _figures(call, thresholds)
     verdict, reason = _judge(call, figures, thresholds)
     return Diagnosis(verdict=verdict, reason=reason, figures=figures, amdahl=_amdahl(call))
 
@@ -160,24 +170,34 @@ def _uses_device(call: CallSummary) -> bool:
     return call.device_active and call.root.self_device_us > 0.0
 
 
-def _op_time(row: OpRow, device: bool) -> float:
-    """The self time of ``row`` that ranks ops: device self time on a device, else CPU."""
-    return row.self_device_us if device else row.self_cpu_us
-
-
 def _top_rows(call: CallSummary) -> list[OpRow]:
-    """The root's op rows without the "other" row, heaviest first (stable on ties)."""
-    device = _uses_device(call)
-    rows = [row for row in call.root.ops if not row.is_other]
-    return sorted(rows, key=lambda row: _op_time(row, device), reverse=True)
+    """The rows that rank ops, heaviest first (stable on ties), the "other" row left out.
+
+    On a device these are the kernel rows by device self time (a CPU op's device time only
+    mirrors the kernels it launched); otherwise the host op rows by self CPU time.
+    """
+    if _uses_device(call):
+        kernels = [row for row in call.root.ops if row.is_kernel and not row.is_other]
+        return sorted(kernels, key=lambda row: row.self_device_us, reverse=True)
+    rows = [row for row in call.root.ops if not row.is_other and not row.is_kernel]
+    return sorted(rows, key=lambda row: row.self_cpu_us, reverse=True)
 
 
 def _median_op_us(root: ScopeSummary) -> float:
     """Estimated median op self CPU time: the median of row means expanded by row count.
 
+    Kernel rows are left out (no host time). The "other" row may hold kernels too, so it
+    stands for the host events no named row holds (``op_count`` less the named rows' counts).
     Falls back to the overall mean (``self_cpu_us / op_count``) when no row has events.
     """
-    rows = sorted((r.self_cpu_us / r.count, r.count) for r in root.ops if r.count > 0)
+    host = [r for r in root.ops if not r.is_kernel and not r.is_other]
+    named = sum(r.count for r in host)
+    rows = [(r.self_cpu_us / r.count, r.count) for r in host if r.count > 0]
+    for other in (r for r in root.ops if r.is_other):
+        count = min(other.count, max(0, root.op_count - named))
+        if count > 0:
+            rows.append((other.self_cpu_us / count, count))
+    rows.sort()
     total = sum(count for _, count in rows)
     if total == 0:
         return root.self_cpu_us / root.op_count if root.op_count > 0 else 0.0
@@ -194,17 +214,37 @@ def _nth_event(rows: Sequence[tuple[float, int]], n: int) -> float:
     return rows[-1][0]
 
 
-def _figures(call: CallSummary) -> Figures:
+def _input_by_scope(call: CallSummary, glue_us: float) -> list[float]:
+    """Input time (µs) of each scope's own part: outside ops, less ``glue_us`` per own op.
+
+    A scope's own part is the scope without its child scopes: its outside time and op count
+    less those of its direct children (both are inclusive in the summary).
+    """
+    outside = [max(0.0, s.duration_us - s.self_cpu_us) for s in call.scopes]
+    own_outside = list(outside)
+    own_ops = [float(s.op_count) for s in call.scopes]
+    for i, scope in enumerate(call.scopes):
+        if i > 0 and 0 <= scope.parent < len(call.scopes) and scope.parent != i:
+            own_outside[scope.parent] -= outside[i]
+            own_ops[scope.parent] -= scope.op_count
+    return [
+        max(0.0, max(0.0, out) - max(0.0, ops) * glue_us)
+        for out, ops in zip(own_outside, own_ops, strict=True)
+    ]
+
+
+def _figures(call: CallSummary, th: Thresholds) -> Figures:
     """Every figure the rules read, keyed as documented on :class:`Diagnosis`."""
     root = call.root
     wall = root.duration_us
     device = _uses_device(call)
     op_total = root.self_device_us if device else root.self_cpu_us
-    top = [_op_time(row, device) for row in _top_rows(call)]
+    top = [row.self_device_us if device else row.self_cpu_us for row in _top_rows(call)]
     figures: Figures = {
         "wall_us": wall,
         "op_self_us": root.self_cpu_us,
         "outside_ops_share": _share(max(0.0, wall - root.self_cpu_us), wall),
+        "input_share": _share(sum(_input_by_scope(call, th.launch_bound_op_us)), wall),
         "op_count": float(root.op_count),
         "median_op_us": _median_op_us(root),
         "top1_share": _share(sum(top[:1]), op_total),
@@ -220,14 +260,16 @@ def _figures(call: CallSummary) -> Figures:
 
 
 def _is_input_bound(figures: Figures, th: Thresholds) -> bool:
-    """Rule 1: mostly outside torch ops, or (on a device) device idle and host ops small."""
-    if figures["outside_ops_share"] >= th.input_bound_share:
-        return True
+    """Rule 1: mostly input time; on a device, also the device idle for most of the call.
+
+    On a device the host may be outside ops while it waits for the device (a bare
+    synchronize), so host input time alone never makes a device call input-bound.
+    """
+    share = figures["input_share"]
     if "device_idle_share" not in figures:
-        return False
-    host_ops_share = figures["op_self_us"] / figures["wall_us"]
+        return share >= th.input_bound_share
     idle = figures["device_idle_share"] >= th.input_bound_share
-    return idle and host_ops_share < _HOST_OPS_SMALL_SHARE
+    return idle and share >= min(th.input_bound_share, _HALF)
 
 
 def _is_launch_bound(figures: Figures, th: Thresholds) -> bool:
@@ -236,34 +278,24 @@ def _is_launch_bound(figures: Figures, th: Thresholds) -> bool:
     return many and figures["median_op_us"] <= th.launch_bound_op_us
 
 
-def _outside_by_region(call: CallSummary) -> dict[int, float]:
-    """Time outside torch ops per nested scope, exclusive of its child scopes' outside time."""
-    inclusive = [max(0.0, s.duration_us - s.self_cpu_us) for s in call.scopes]
-    exclusive = {s.index: inclusive[i] for i, s in enumerate(call.scopes) if i > 0}
-    for i, scope in enumerate(call.scopes):
-        if i > 0 and scope.parent in exclusive:
-            exclusive[scope.parent] -= inclusive[i]
-    return {index: max(0.0, value) for index, value in exclusive.items()}
-
-
-def _busiest_region(call: CallSummary) -> tuple[str, float] | None:
-    """The nested scope with the most outside-ops time and that time; None if there is none."""
-    outside = _outside_by_region(call)
+def _busiest_region(call: CallSummary, th: Thresholds) -> tuple[str, float] | None:
+    """The nested scope with the most input time and that time; None if there is none."""
+    input_us = _input_by_scope(call, th.launch_bound_op_us)
     best: tuple[str, float] | None = None
-    for scope in call.scopes[1:]:
-        value = outside.get(scope.index, 0.0)
-        if value > 0.0 and (best is None or value > best[1]):
-            best = (scope.label, value)
+    for i, scope in enumerate(call.scopes[1:], 1):
+        if input_us[i] > 0.0 and (best is None or input_us[i] > best[1]):
+            best = (scope.label, input_us[i])
     return best
 
 
-def _where_outside(call: CallSummary, outside_us: float) -> str:
+def _where_input(call: CallSummary, th: Thresholds) -> str:
     """The ", mostly in region 'x'" tail of the input-bound reason ("" without regions)."""
-    region = _busiest_region(call)
-    if region is None or outside_us <= 0.0:
+    region = _busiest_region(call, th)
+    total = sum(_input_by_scope(call, th.launch_bound_op_us))
+    if region is None or total <= 0.0:
         return ""
     label, value = region
-    share = _share(value, outside_us)
+    share = _share(value, total)
     if share >= 0.5:
         return f", mostly in region {label!r}"
     return f", the largest part ({share:.0%}) in region {label!r}"
@@ -271,12 +303,12 @@ def _where_outside(call: CallSummary, outside_us: float) -> str:
 
 def _input_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
     """E.g. "82% of the call outside torch ops, mostly in region 'preprocess'"."""
-    outside_share = figures["outside_ops_share"]
-    where = _where_outside(call, outside_share * figures["wall_us"])
-    if outside_share >= th.input_bound_share:
-        return f"{outside_share:.0%} of the call outside torch ops{where}"
+    input_share = figures["input_share"]
+    where = _where_input(call, th)
+    if "device_idle_share" not in figures:
+        return f"{input_share:.0%} of the call outside torch ops{where}"
     idle = figures["device_idle_share"]
-    return f"device idle for {idle:.0%} of the call, {outside_share:.0%} outside torch ops{where}"
+    return f"device idle for {idle:.0%} of the call, {input_share:.0%} outside torch ops{where}"
 
 
 def _launch_reason(figures: Figures) -> str:
@@ -289,7 +321,7 @@ def _launch_reason(figures: Figures) -> str:
 
 def _compute_reason(call: CallSummary, figures: Figures) -> str:
     """E.g. "aten::addmm and aten::mm take 91% of op time"."""
-    of_what = "device op time" if _uses_device(call) else "op time"
+    of_what = "device kernel time" if _uses_device(call) else "op time"
     top = _top_rows(call)[:2]
     if len(top) == 1:
         return f"{top[0].name} takes {figures['top1_share']:.0%} of {of_what}"
@@ -309,17 +341,22 @@ def _balanced_reason(figures: Figures) -> str:
 
 
 def _amdahl(call: CallSummary) -> list[AmdahlEntry]:
-    """(what, f, 1 / (1 - f)) for nested scopes and top ops, largest f first, at most five.
+    """(what, f, 1 / (1 - f)) for nested scopes, host ops and kernels, largest f first, <= 5.
 
-    ``f`` is a scope's duration or an op's self time (device self time on a device) over the
-    wall time, clamped to [0, 0.999999]; entries with ``f == 0`` are left out.
+    ``f`` is a scope's duration, a host op row's self CPU time or a kernel row's device self
+    time over the wall time, clamped to [0, 0.999999]; entries with ``f == 0`` are left out.
     """
     wall = call.root.duration_us
     if wall <= 0.0:
         return []
-    device = _uses_device(call)
     candidates = [(f"region:{s.label}", s.duration_us) for s in call.scopes[1:]]
-    candidates += [(f"op:{row.name}", _op_time(row, device)) for row in _top_rows(call)]
+    for row in call.root.ops:
+        if row.is_other:
+            continue
+        if row.is_kernel:
+            candidates.append((f"kernel:{row.name}", row.self_device_us))
+        else:
+            candidates.append((f"op:{row.name}", row.self_cpu_us))
     entries: list[AmdahlEntry] = []
     for what, time_us in candidates:
         f = min(_MAX_F, max(0.0, time_us / wall))

@@ -25,15 +25,26 @@ __all__ = ["Dispatcher"]
 
 
 class _Runner:
-    """A daemon thread that runs one exporter's calls, so a hang can be timed out."""
+    """A daemon thread that runs one exporter's calls, so a hang can be timed out.
+
+    The thread starts on the first call: a forked child (a DataLoader worker, a pre-fork
+    server's worker) that never exports never starts one.
+    """
 
     def __init__(self, exporter: Exporter) -> None:
         self.exporter = exporter
         self.name = getattr(exporter, "name", type(exporter).__name__)
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.busy = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"profkit-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"profkit-{self.name}", daemon=True
+            )
+            self._thread.start()
 
     def _loop(self) -> None:
         while True:
@@ -51,10 +62,13 @@ class _Runner:
 
     def call(self, fn: Callable[[], Any], timeout: float) -> tuple[bool, Any]:
         """Run ``fn`` on the runner: (finished in time, result or exception)."""
+        if self._closed:  # e.g. force_flush() on a session that was shut down
+            return True, RuntimeError(f"exporter {self.name!r} was shut down")
         if self.busy.is_set():
             return False, TimeoutError(f"exporter {self.name!r} still busy with an earlier call")
         done = threading.Event()
         box: list[Any] = []
+        self._ensure_thread()
         self.busy.set()
         self._jobs.put((fn, done, box))
         if not done.wait(timeout):
@@ -62,7 +76,9 @@ class _Runner:
         return True, box[0]
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._closed = True
+        if self._thread is not None:
+            self._jobs.put(None)
 
 
 class Dispatcher:
@@ -151,6 +167,13 @@ class Dispatcher:
         reason = f"{kind}:{runner.name}"
         self.last_failure = reason
         self.stats.error(reason, exc)
+
+    def after_fork(self, stats: Stats) -> None:
+        """In a forked child: the runner threads did not survive the fork; start new ones."""
+        self.stats = stats
+        self._runners = [_Runner(r.exporter) for r in self._runners]
+        if self._trace_files is not None:
+            self._trace_files = TraceFileWriter(self.config)
 
     def flush(self, timeout: float) -> bool:
         ok = True

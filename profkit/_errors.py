@@ -25,23 +25,33 @@ raise_internal = False
 
 
 class Stats:
-    """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns."""
+    """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns.
+
+    Every root call is exactly one of: ``sampled`` (chosen to be recorded), ``warmup_calls``
+    (run under the profiler and discarded) or ``unsampled`` (run without the profiler,
+    including ``skipped_rate_limit``): ``root_calls == sampled + warmup_calls + unsampled``.
+    Every sampled call ends as exactly one of ``exported``, ``dropped`` (by reason in
+    ``dropped_reasons``), ``skipped_busy`` (another window was open), ``skipped_foreign``
+    (someone else's profiler was running) or still pending: once ``force_flush()`` returned
+    True, ``sampled == exported + dropped + skipped_busy + skipped_foreign``.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._roots = itertools.count()  # lock-free: the unsampled path only calls next()
+        #: root-call counter, lock-free: the off-sample path calls ``next()`` on it directly
+        self.roots = itertools.count()
         self._counts: Counter[str] = Counter()
         self.dropped_reasons: Counter[str] = Counter()
         self.error_reasons: Counter[str] = Counter()
         self._logged: set[str] = set()
 
     def root(self) -> None:
-        next(self._roots)
+        next(self.roots)
 
     @property
     def root_calls(self) -> int:
         # itertools.count pickles as count(next_value): its current value, without consuming one
-        return int(self._roots.__reduce__()[1][0])
+        return int(self.roots.__reduce__()[1][0])
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -75,18 +85,20 @@ class Stats:
             errors = dict(self.error_reasons)
         root_calls = self.root_calls
         sampled = counts.get("sampled", 0)
+        warmup = counts.get("warmup_calls", 0)
         return {
             "root_calls": root_calls,
             "sampled": sampled,
-            "unsampled": root_calls - sampled,
+            "unsampled": root_calls - sampled - warmup,
             "exported": counts.get("exported", 0),
             "dropped": counts.get("dropped", 0),
             "skipped_busy": counts.get("skipped_busy", 0),
             "skipped_foreign": counts.get("skipped_foreign", 0),
             "skipped_rate_limit": counts.get("skipped_rate_limit", 0),
-            "warmup_calls": counts.get("warmup_calls", 0),
+            "warmup_calls": warmup,
             "windows": counts.get("windows", 0),
             "errors": counts.get("errors", 0),
+            "otlp_spans_failed": counts.get("otlp_spans_failed", 0),
             "dropped_reasons": dropped,
             "error_reasons": errors,
         }

@@ -79,6 +79,7 @@ _EMPTY_STATS: dict[str, Any] = {
     "warmup_calls": 0,
     "windows": 0,
     "errors": 0,
+    "otlp_spans_failed": 0,
     "dropped_reasons": {},
     "error_reasons": {},
 }

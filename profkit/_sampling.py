@@ -7,6 +7,7 @@ token bucket whose rare races can only err towards fewer windows.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -36,8 +37,19 @@ class Sampler(Protocol):
         ...
 
 
+#: largest N whose decisions :class:`EveryN` precomputes (one pointer per call of the cycle)
+_CYCLE_MAX = 4096
+
+
 class EveryN:
-    """Profile calls 0, N, 2N, ... of this sampler: exactly ``ceil(calls / N)`` samples."""
+    """Profile calls 0, N, 2N, ... of this sampler: exactly ``ceil(calls / N)`` samples.
+
+    ``decide`` runs on every off-sample call. For N up to 4096 it is ``next()`` on a cycle of
+    N precomputed answers, a C call with no Python frame (``next(it, default)`` ignores the
+    trace id); a larger N counts in Python.
+    """
+
+    decide: Callable[[int | None], bool]
 
     def __init__(self, n: int) -> None:
         if n < 1:
@@ -45,8 +57,13 @@ class EveryN:
         self.n = n
         self.description = f"every:{n}"
         self._counter = itertools.count()
+        if n <= _CYCLE_MAX:
+            answers = itertools.cycle([True] + [False] * (n - 1))
+            self.decide = functools.partial(next, answers)
+        else:
+            self.decide = self._decide_counted
 
-    def decide(self, trace_id: int | None) -> bool:
+    def _decide_counted(self, trace_id: int | None) -> bool:
         return next(self._counter) % self.n == 0
 
 
@@ -102,23 +119,21 @@ class Triggered:
     """``trigger(n)``: the next n root calls are profiled whatever the sampler says."""
 
     def __init__(self) -> None:
-        self._pending = 0
+        #: triggers not yet taken; read without the lock (a plain attribute: the hot path
+        #: checks it before calling ``take``)
+        self.pending = 0
         self._lock = threading.Lock()
 
     def add(self, n: int) -> None:
         with self._lock:
-            self._pending += n
-
-    @property
-    def pending(self) -> int:
-        return self._pending
+            self.pending += n
 
     def take(self) -> bool:
         """Consume one pending trigger; False when none is left."""
-        if not self._pending:  # unlocked fast path: the common case
+        if not self.pending:  # unlocked fast path: the common case
             return False
         with self._lock:
-            if self._pending:
-                self._pending -= 1
+            if self.pending:
+                self.pending -= 1
                 return True
             return False

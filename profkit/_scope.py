@@ -12,7 +12,6 @@ Off-sample, no torch function is called at all.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,19 @@ from . import _errors
 from ._model import CodeInfo
 from ._window import CallRecord, ScopeRecord
 
-__all__ = ["Active", "ScopeHandle", "current_session", "enter", "exit_"]
+__all__ = [
+    "FRAME",
+    "GLOBAL",
+    "OFF",
+    "Active",
+    "ScopeHandle",
+    "current_session",
+    "enter",
+    "exit_",
+    "root_failed",
+    "run_sync",
+    "sampled_root",
+]
 
 
 class _Off:
@@ -36,6 +47,7 @@ class _Off:
 
 
 _OFF: Any = _Off()
+OFF = _OFF  #: the frame value inside an unsampled root call
 
 
 class Active:
@@ -80,13 +92,18 @@ class ScopeHandle:
         self.record_fn: Any = None
 
 
+def root_failed(session: Any, exc: Exception) -> None:
+    """``begin_root`` raised: count it; the call then runs as an unsampled root."""
+    session.stats.error("begin_root", exc)
+    if _errors.raise_internal:
+        raise exc
+
+
 def _begin_root(session: Any, label: str) -> CallRecord | None:
     try:
         call: CallRecord | None = session.begin_root(label)
     except Exception as exc:
-        session.stats.error("begin_root", exc)
-        if _errors.raise_internal:
-            raise
+        root_failed(session, exc)
         return None
     return call
 
@@ -99,18 +116,26 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Scop
         if session is None or not session.active:
             return None
         call = _begin_root(session, label)
-        handle = ScopeHandle()
         if call is None:
+            handle = ScopeHandle()
             handle.token = FRAME.set(_OFF)
             return handle
-        handle.session = session
-        handle.call = call
-        _start_scope(handle, call, -1, label, attributes, code)
-        return handle
+        return sampled_root(session, call, label, attributes, code)
     if frame is _OFF or frame.call.done:
         return None
     handle = ScopeHandle()
     _start_scope(handle, frame.call, frame.scope, label, attributes, code)
+    return handle
+
+
+def sampled_root(
+    session: Any, call: CallRecord, label: str, attributes: dict[str, Any], code: CodeInfo | None
+) -> ScopeHandle:
+    """The handle of a root call that ``session.begin_root`` put under the profiler."""
+    handle = ScopeHandle()
+    handle.session = session
+    handle.call = call
+    _start_scope(handle, call, -1, label, attributes, code)
     return handle
 
 
@@ -156,8 +181,10 @@ def exit_(handle: ScopeHandle, error: BaseException | None) -> None:
     finally:
         if handle.token is not None:
             # exited in another context (a generator resumed elsewhere): nothing to restore
-            with contextlib.suppress(ValueError):
+            try:  # noqa: SIM105  # contextlib.suppress builds an object per scope exit
                 FRAME.reset(handle.token)
+            except ValueError:
+                pass
         if handle.session is not None and handle.call is not None:
             _end_root(handle.session, handle.call, error)
 
@@ -179,10 +206,33 @@ def run_sync(
     args: Any,
     kwargs: Any,
 ) -> Any:
-    """Run ``fn`` inside a scope. The decorator's hot path inlines the off-sample part."""
-    handle = enter(label, attributes, code)
-    if handle is None:
+    """Run ``fn`` inside a scope. The plain-function decorator inlines the off-sample part.
+
+    An unsampled root call sets the frame to "unsampled" and allocates nothing: a sync call
+    starts and ends in one context, so the token is reset without a guard.
+    """
+    frame = FRAME.get()
+    if frame is None:
+        session = GLOBAL.session
+        if session is None or not session.active:
+            return fn(*args, **kwargs)
+        try:
+            call = session.begin_root(label)
+        except Exception as exc:
+            root_failed(session, exc)
+            call = None
+        if call is None:
+            token = FRAME.set(_OFF)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                FRAME.reset(token)
+        handle = sampled_root(session, call, label, attributes, code)
+    elif frame is _OFF or frame.call.done:
         return fn(*args, **kwargs)
+    else:
+        handle = ScopeHandle()
+        _start_scope(handle, frame.call, frame.scope, label, attributes, code)
     error: BaseException | None = None
     try:
         return fn(*args, **kwargs)

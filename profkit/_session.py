@@ -30,11 +30,50 @@ _WINDOW_LOCK = threading.Lock()
 _STOP = object()
 #: collect garbage on the worker every this many windows (torch's repeated sessions leak cycles)
 _GC_EVERY = 25
+#: seconds the worker waits after taking a window before it summarises it
+_HANDOFF_GRACE_S = 0.001
+
+
+#: the one open window, process-wide, and the session that opened it (None: no window).
+#: Only the window's own thread can stop its profiler (a stop from another thread loses the
+#: events and leaks torch's callbacks), which decides how a stranded window is freed.
+_current: tuple[Session, Window] | None = None
+_reclaim_lock = threading.Lock()
 
 
 def _reset_lock_after_fork() -> None:
-    global _WINDOW_LOCK
+    global _WINDOW_LOCK, _current, _reclaim_lock
+    held = _current
+    if held is not None and held[1].owner_thread is not threading.current_thread():
+        # the window's thread does not exist in the child: nor does its profiler state, but
+        # the process-wide "a profiler is running" flag was copied and would block profkit
+        held[1].abandon()
     _WINDOW_LOCK = threading.Lock()
+    _reclaim_lock = threading.Lock()
+    _current = None
+
+
+def _close_retired(held: tuple[Session, Window]) -> None:
+    """An idle window of a replaced session closes on its thread's next root call."""
+    session, win = held
+    if win.owner_thread is threading.current_thread() and win.in_flight == 0:
+        session._close(win)
+
+
+def _reclaim_if_owner_exited() -> bool:
+    """Free a window whose thread exited with it open; True when the window lock is ours."""
+    held = _current
+    if held is None or held[1].owner_thread.is_alive():
+        return False
+    if not _reclaim_lock.acquire(blocking=False):
+        return False
+    try:
+        if _current is not held:
+            return False
+        held[0]._abandon(held[1])
+    finally:
+        _reclaim_lock.release()
+    return _WINDOW_LOCK.acquire(blocking=False)
 
 
 os.register_at_fork(after_in_child=_reset_lock_after_fork)
@@ -67,6 +106,7 @@ class Session:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
+        self._closed = False  # set by shutdown(): no window is queued after this
         self._pending = 0
         self._idle = threading.Condition()
         self._windows_done = 0
@@ -78,11 +118,14 @@ class Session:
 
     def begin_root(self, label: str) -> CallRecord | None:
         """Count a root call and decide whether it runs under the profiler."""
-        self.stats.root()
+        next(self.stats.roots)  # Stats.root(), inlined: every off-sample call passes here
+        held = _current
+        if held is not None and held[0] is not self:
+            _close_retired(held)
         win = self._window
         if win is not None and win.owner == threading.get_ident() and not win.full:
             return self._join(win, "window")
-        if self._triggered.take():
+        if self._triggered.pending and self._triggered.take():
             policy = "trigger"
         else:
             trace_id = _parent_trace_id() if self._ratio else None
@@ -95,7 +138,8 @@ class Session:
         return self._open(policy)
 
     def _open(self, policy: str) -> CallRecord | None:
-        if not _WINDOW_LOCK.acquire(blocking=False):
+        global _current
+        if not _WINDOW_LOCK.acquire(blocking=False) and not _reclaim_if_owner_exited():
             self._skip("skipped_busy")
             return None
         opened = False
@@ -106,10 +150,12 @@ class Session:
             win = Window(next(self._window_ids), self.config)
             with guard(self.stats, "profiler_start"):
                 win.start()
-            if win.prof is None:
-                self._skip("skipped_profiler_failed")
+            if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
+                self.stats.add("sampled")
+                self.stats.drop("profiler_start_failed")
                 return None
             self._window = win
+            _current = (self, win)
             opened = True
             self.stats.add("windows")
             return self._join(win, policy)
@@ -143,58 +189,85 @@ class Session:
         call.done = True
         win = call.window
         win.in_flight -= 1
-        if win.full and win.in_flight == 0 and self._window is win:
+        if (win.full or not self.active) and win.in_flight == 0 and self._window is win:
             self._close(win)
 
     def _close(self, win: Window) -> None:
+        # handed off (queued or counted as dropped) before the window is let go, so that a
+        # shutdown() waiting for it finds it in the queue
         try:
             stopped = False
             with guard(self.stats, "profiler_stop"):
                 win.stop()
                 stopped = True
+            recorded = sum(1 for c in win.calls if not c.warmup)
+            if stopped:
+                self._enqueue(win, recorded)
+            else:
+                self.stats.drop("profiler_stop_failed", recorded)
         finally:
-            self._window = None
-            _WINDOW_LOCK.release()
-        recorded = sum(1 for c in win.calls if not c.warmup)
-        if not stopped:
-            self.stats.drop("profiler_stop_failed", recorded)
-            return
-        self._enqueue(win, recorded)
+            self._let_go(win)
+
+    def _let_go(self, win: Window) -> None:
+        global _current
+        self._window = None
+        if _current is not None and _current[1] is win:
+            _current = None
+        _WINDOW_LOCK.release()
+        with self._idle:
+            self._idle.notify_all()
+
+    def _abandon(self, win: Window) -> None:
+        """Drop a window whose thread exited with it open (its profiler state died with it)."""
+        try:
+            win.abandon()
+            recorded = sum(1 for c in win.calls if not c.warmup)
+            if recorded:
+                self.stats.drop("owner_exited", recorded)
+            win.prof = None
+            win.calls.clear()
+        finally:
+            self._let_go(win)
 
     def _enqueue(self, win: Window, recorded: int) -> None:
-        if not self.active and self._worker is None:
-            self.stats.drop("shutdown", recorded)
-            return
-        with self._idle:
-            self._pending += recorded
-        try:
-            self._queue.put_nowait(win)
-        except queue.Full:
+        # the lock orders this against shutdown(): a window is queued ahead of the worker's
+        # stop marker or counted as dropped, never left in a queue nobody reads
+        with self._worker_lock:
+            if self._closed:
+                win.prof = None
+                self.stats.drop("shutdown", recorded)
+                return
             with self._idle:
-                self._pending -= recorded
-            win.prof = None
-            self.stats.drop("queue_full", recorded)
-            return
-        self._ensure_worker()
+                self._pending += recorded
+            try:
+                self._queue.put_nowait(win)
+            except queue.Full:
+                with self._idle:
+                    self._pending -= recorded
+                win.prof = None
+                self.stats.drop("queue_full", recorded)
+                return
+            self._spawn_worker()
+
+    def _spawn_worker(self) -> None:
+        """Start the export worker unless it runs (call with ``_worker_lock`` held)."""
+        if self._worker is None and not self._closed:
+            self._worker = threading.Thread(
+                target=self._run_worker, name="profkit-export", daemon=True
+            )
+            self._worker.start()
 
     # -- worker -----------------------------------------------------------------------------
-
-    def _ensure_worker(self) -> None:
-        if self._worker is not None:
-            return
-        with self._worker_lock:
-            if self._worker is None:
-                worker = threading.Thread(
-                    target=self._run_worker, name="profkit-export", daemon=True
-                )
-                worker.start()
-                self._worker = worker
 
     def _run_worker(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
+            # let the thread that handed the window off return from its call first: woken
+            # at once, the worker takes the GIL at the call's next release (freeing a tensor
+            # can release it) and the sampled request waits out a whole switch interval
+            time.sleep(_HANDOFF_GRACE_S)
             self._process(item)
 
     def _process(self, win: Window) -> None:
@@ -208,11 +281,13 @@ class Session:
             elif recorded:
                 self.stats.drop(self._dispatch.last_failure or "worker_error", recorded)
         finally:
-            win.prof = None
+            win.release()  # events and kineto results freed now, by reference counting
             win.calls.clear()
             self._windows_done += 1
             if self._windows_done % _GC_EVERY == 0:
-                gc.collect()
+                # young generations only: what release() leaves in cycles is small, and a
+                # full collection holds the GIL (every request thread) for hundreds of ms
+                gc.collect(1)
             with self._idle:
                 self._pending -= recorded
                 self._idle.notify_all()
@@ -220,10 +295,17 @@ class Session:
     # -- control ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Warm the profiler up (once per process) so the first sampled call is not slow."""
+        """Warm the profiler up (once per process) and start the export worker.
+
+        Both happen here, off the request path: otherwise the first sampled call pays the
+        profiler's first start (about a second) and a thread start (milliseconds on a busy
+        machine). A forked child starts its worker on its first sampled call.
+        """
         if self.active:
             with guard(self.stats, "warmup"):
                 self.warmup_seconds = warm_up(self.config)
+            with self._worker_lock:
+                self._spawn_worker()
 
     def trigger(self, n: int = 1) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -242,11 +324,19 @@ class Session:
         return self._dispatch.flush(max(0.0, deadline - time.monotonic()))
 
     def shutdown(self, timeout: float = 5.0) -> bool:
-        """Stop sampling, flush what is queued, stop the worker and the exporters."""
+        """Stop sampling, let an open window finish, flush the queue, stop worker and exporters.
+
+        A window still open at the deadline (or on the calling thread itself) is counted as
+        dropped with reason "shutdown" when its call ends.
+        """
         deadline = time.monotonic() + timeout
         self.active = False
-        flushed = self.force_flush(timeout)
-        worker = self._worker
+        self._wait_for_window(deadline)
+        self._release_idle_window()
+        flushed = self.force_flush(max(0.0, deadline - time.monotonic()))
+        with self._worker_lock:
+            self._closed = True
+            worker = self._worker
         if worker is not None:
             try:
                 self._queue.put(_STOP, timeout=max(0.01, deadline - time.monotonic()))
@@ -256,6 +346,36 @@ class Session:
         self._drain_as_dropped()
         self._dispatch.shutdown(max(0.0, deadline - time.monotonic()))
         return flushed
+
+    def _wait_for_window(self, deadline: float) -> None:
+        """Wait while calls are in flight in a window on another thread."""
+        with self._idle:
+            while True:
+                win = self._window
+                left = deadline - time.monotonic()
+                if win is None or not win.in_flight or win.owner == threading.get_ident():
+                    return
+                if left <= 0:
+                    return
+                self._idle.wait(min(left, 0.05))
+
+    def _release_idle_window(self) -> None:
+        """A window waiting for more calls (``window`` > 1) is let go of as soon as possible.
+
+        On its own thread it closes now; if that thread has exited it is dropped now;
+        otherwise that thread's next root call (under any session) closes it.
+        """
+        win = self._window
+        if win is None or win.in_flight:
+            return  # none, or its running call closes it on exit (the session is inactive)
+        if win.owner_thread is threading.current_thread():
+            self._close(win)
+        elif not win.owner_thread.is_alive() and _reclaim_lock.acquire(blocking=False):
+            try:
+                if self._window is win:
+                    self._abandon(win)
+            finally:
+                _reclaim_lock.release()
 
     def _drain_as_dropped(self) -> None:
         while True:
@@ -272,14 +392,16 @@ class Session:
     def after_fork(self) -> None:
         """In a forked child: fresh counters, queue, worker and locks; the parent is untouched."""
         self.stats = Stats()
-        self._dispatch.stats = self.stats
         self._window = None
         self._triggered = Triggered()
         self._queue = queue.Queue(maxsize=self.config.queue_size)
         self._worker = None
         self._worker_lock = threading.Lock()
+        self._closed = False
         self._pending = 0
         self._idle = threading.Condition()
+        self._windows_done = 0
+        self._dispatch.after_fork(self.stats)
         self._pid = os.getpid()
 
 

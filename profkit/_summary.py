@@ -5,15 +5,26 @@ Inputs are duck-typed like torch's ``FunctionEvent`` (``name``, ``thread``, ``ti
 profiles. Times in events are µs since the trace start; ``trace_start_ns`` anchors them to the
 ``time.time_ns()`` clock, so spans carry the profiler's own timing on OTel's clock.
 
-Attribution of ops to a call: events on the call's thread inside the call's root range (and,
-for a coroutine, inside the intervals in which its task was actually running); device events
-through the correlation id of the CPU op that launched them. The per-op rows aggregate the
-same fields as ``key_averages()``, so counts and self times match torch's own table.
+Attribution of ops to a call (the rule ``CallSummary.attribution`` reports):
+
+* ``"thread"``: ops on the call's own thread inside its root range, plus ops on any other
+  thread inside one of the call's own nested scopes (a region or decorated function run in
+  the call's copied context, e.g. via ``asyncio.to_thread``; recorded with ``all_threads``).
+* ``"task"``: the same, but ops on the call's own thread count only inside the intervals in
+  which its coroutine was actually running, so other tasks on the event loop are left out.
+* ``"window"``: exactness is impossible: with ``all_threads`` and no scope of the call on
+  another thread, every thread's ops in the root range are taken (another request's may be
+  among them); or the root's profiler range was not found.
+
+Device events join through the correlation id of the CPU op that launched them. The per-op
+rows aggregate the same fields as ``key_averages()``, so counts and self times match torch's
+own table. An event whose fields cannot be read is skipped rather than failing the window.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,6 +36,9 @@ __all__ = ["EventView", "build_calls", "clip", "rows_for", "top_rows"]
 
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
+#: tolerance when placing an op in a task's running interval: the profiler's clock and
+#: ``time.time_ns`` agree to well under this (ops start >= 1 µs after the step begins)
+_TASK_SLACK_NS = 1_000
 
 
 class EventView:
@@ -64,13 +78,13 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
         shapes = _shapes(ev) if by_shapes else None
         a = acc[(view.name, view.device, shapes)]
         a[0] += 1
-        a[1] += ev.self_cpu_time_total
-        a[2] += ev.cpu_time_total
+        a[1] += _num(ev, "self_cpu_time_total")
+        a[2] += _num(ev, "cpu_time_total")
         a[3] += _num(ev, "self_device_time_total")
         a[4] += _num(ev, "device_time_total")
         a[5] += int(_num(ev, "self_cpu_memory_usage"))
         a[6] += int(_num(ev, "self_device_memory_usage"))
-        a[7] += int(getattr(ev, "flops", 0) or 0)
+        a[7] += int(_num(ev, "flops"))
     return [
         OpRow(
             name=clip(name, limit),
@@ -91,10 +105,10 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
 
 def _num(ev: Any, attr: str) -> float:
     try:
-        value = getattr(ev, attr, 0)
-    except (AssertionError, AttributeError):  # torch asserts on odd device types
+        value = float(getattr(ev, attr, 0) or 0)
+    except (AssertionError, AttributeError, TypeError, ValueError):  # torch asserts on odd types
         return 0.0
-    return float(value or 0)
+    return value if math.isfinite(value) else 0.0
 
 
 def top_rows(rows: Sequence[OpRow], top_k: int) -> tuple[OpRow, ...]:
@@ -162,21 +176,56 @@ class _Index:
 
 
 def _in_intervals(v: EventView, intervals: Sequence[tuple[int, int]]) -> bool:
-    i = bisect.bisect_right(intervals, (v.start_ns, 1 << 63)) - 1
-    return i >= 0 and intervals[i][0] <= v.start_ns and v.end_ns <= intervals[i][1] + _SLACK_NS
+    """Whether an op ran inside one of a task's running intervals (it starts and ends there)."""
+    i = bisect.bisect_right(intervals, (v.start_ns + _TASK_SLACK_NS, 1 << 63)) - 1
+    if i < 0:
+        return False
+    end = intervals[i][1]
+    return bool(v.start_ns <= end and v.end_ns <= end + _TASK_SLACK_NS)
 
 
-def _scope_events(
-    index: _Index, span: tuple[int, int], threads: set[int] | None, intervals: Any
+def _events_in(
+    index: _Index,
+    span: tuple[int, int],
+    thread: int | None,
+    intervals: Sequence[tuple[int, int]] | None,
+    home: int | None,
 ) -> list[EventView]:
-    found = [
+    """Ops in ``span`` on ``thread`` (None: any); on the home thread only inside ``intervals``."""
+    return [
         v
         for v in index.ops_between(*span)
-        if (threads is None or v.thread in threads)
-        and (intervals is None or _in_intervals(v, intervals))
+        if (thread is None or v.thread == thread)
+        and (
+            intervals is None
+            or (home is not None and v.thread != home)
+            or _in_intervals(v, intervals)
+        )
     ]
-    device = [d for v in found for d in index.device_by_link.get(v.id, ())] if found else []
+
+
+def _with_device(index: _Index, found: list[EventView]) -> list[EventView]:
+    """``found`` plus the device events launched by its ops.
+
+    As in torch's own parsing, only an op without a linked correlation id of its own (an
+    aten/frontend op, not a runtime call such as ``cudaLaunchKernel``) owns device events:
+    runtime calls carry ids from another counter, which may collide with an op's id.
+    """
+    device = [d for v in found if v.linked == 0 for d in index.device_by_link.get(v.id, ())]
     return found + device
+
+
+def _views(events: Sequence[Any], trace_start_ns: int) -> list[EventView]:
+    """Views of the events whose fields can be read; a malformed event is skipped."""
+    views = []
+    for e in events:
+        try:
+            view = EventView(e, trace_start_ns)
+        except (AttributeError, TypeError, ValueError, OverflowError, AssertionError):
+            continue
+        if isinstance(view.name, str) and isinstance(view.thread, int):
+            views.append(view)
+    return views
 
 
 def build_calls(
@@ -193,7 +242,7 @@ def build_calls(
 ) -> list[CallSummary]:
     """Build one :class:`CallSummary` per recorded (non-warm-up) call of a window."""
     labels = {s.label for c in calls for s in c.scopes}
-    index = _Index([EventView(e, trace_start_ns) for e in events], labels)
+    index = _Index(_views(events, trace_start_ns), labels)
     out = []
     for call in calls:
         if call.warmup or not call.scopes:
@@ -217,19 +266,12 @@ def _build_call(
     max_attributes: int,
 ) -> CallSummary:
     marks = [index.match_scope(s) for s in call.scopes]
-    root_mark = marks[0]
-    own_threads = {m.thread for m in marks if m is not None}
     intervals = sorted(call.intervals) if call.intervals else None
-    attribution: Attribution = "task" if intervals is not None else "thread"
-    threads: set[int] | None = own_threads or None
-    if root_mark is None or all_threads:
-        threads = None
-        attribution = "window"
+    attribution, per_scope = _attribute(index, call, marks, intervals, all_threads)
     scopes = []
     for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
-        scope_threads = {mark.thread} if (mark is not None and i > 0 and threads) else threads
-        evs = _scope_events(index, span, scope_threads, intervals)
+        evs = per_scope[i]
         rows = rows_for(evs, by_shapes, limit)
         cpu = [v for v in evs if not v.device]
         scopes.append(
@@ -243,12 +285,13 @@ def _build_call(
                 ops=top_rows(rows, top_k),
                 op_count=len(cpu),
                 self_cpu_us=sum(r.self_cpu_us for r in rows if not r.is_kernel),
-                self_device_us=sum(r.self_device_us for r in rows),
+                # device events only: a CPU op's device time mirrors the kernels it launched
+                self_device_us=sum(r.self_device_us for r in rows if r.is_kernel),
                 code=rec.code,
                 timing="profiler" if mark is not None else "python",
             )
         )
-    device_active = any(r.is_kernel for s in scopes for r in s.ops)
+    device_active = any(v.device for evs in per_scope for v in evs)
     return CallSummary(
         window_id=window_id,
         call_index=call.index,
@@ -261,6 +304,37 @@ def _build_call(
         thread_name=call.thread_name,
         device_active=device_active,
     )
+
+
+def _attribute(
+    index: _Index,
+    call: CallRecord,
+    marks: list[EventView | None],
+    intervals: Sequence[tuple[int, int]] | None,
+    all_threads: bool,
+) -> tuple[Attribution, list[list[EventView]]]:
+    """The attribution rule (see the module docstring) and each scope's ops, inclusive."""
+    root, root_mark = call.scopes[0], marks[0]
+    home = root_mark.thread if root_mark is not None else None
+    elsewhere = any(m is not None and m.thread != home for m in marks[1:])
+    exact = root_mark is not None and (elsewhere or not all_threads)
+    own: list[list[EventView]] = []
+    for rec, mark in zip(call.scopes, marks, strict=True):
+        span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
+        if mark is None and rec.thread != root.thread:
+            own.append([])  # it ran on a thread the profiler did not record
+        elif exact:
+            own.append(_events_in(index, span, mark.thread if mark else home, intervals, home))
+        else:
+            own.append(_events_in(index, span, None, intervals, home))
+    # scopes are numbered in entry order, so a child always comes after its parent
+    inclusive: list[dict[int, EventView]] = [{id(v): v for v in evs} for evs in own]
+    for i in range(len(own) - 1, 0, -1):
+        inclusive[call.scopes[i].parent].update(inclusive[i])
+    per_scope = [_with_device(index, list(found.values())) for found in inclusive]
+    if not exact:
+        return "window", per_scope
+    return ("task" if intervals is not None else "thread"), per_scope
 
 
 def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[str, AttrValue]:

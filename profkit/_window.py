@@ -8,6 +8,7 @@ Parsing events is deliberately absent: that happens on the export worker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -122,6 +123,7 @@ class Window:
         "needed",
         "opened",
         "owner",
+        "owner_thread",
         "prof",
         "started_ns",
         "stopped_ns",
@@ -131,6 +133,7 @@ class Window:
         self.id = window_id
         self.config = config
         self.owner = threading.get_ident()
+        self.owner_thread = threading.current_thread()
         self.needed = config.warmup + config.window
         self.opened = 0  # calls that joined so far
         self.in_flight = 0
@@ -143,7 +146,11 @@ class Window:
         """Start the profiler on this thread."""
         prof = make_profiler(self.config)
         self.started_ns = time.time_ns()
-        prof.start()
+        try:
+            prof.start()
+        except BaseException:
+            _abandon(prof)
+            raise
         self.prof = prof
 
     def stop(self) -> None:
@@ -158,6 +165,35 @@ class Window:
                 if foreign_profiler_active() and not _still_enabled_here():
                     _autograd_profiler._is_profiler_enabled = False
 
+    def abandon(self) -> None:
+        """Forget a profiler whose thread is gone (it exited, or this is a forked child).
+
+        Its thread-local profiler state went with the thread, and stopping it from another
+        thread only logs torch warnings, so it is stopped only where this thread still sees
+        a profiler running (an all-threads one); the process-wide flag is cleared.
+        """
+        self.stopped_ns = time.time_ns()
+        if self.prof is not None:
+            _abandon(self.prof)
+
+    def release(self) -> None:
+        """Free the profile and its parsed events now, not at the next full GC collection.
+
+        torch's parsed events link parents and children both ways, and the profile object
+        refers to itself (bound methods in its action table), so all of it would otherwise
+        wait for the cyclic collector; a full collection with torch loaded takes hundreds of
+        ms holding the GIL. Detaching the inner profile and unlinking the events leaves no
+        cycle around them, so reference counting frees them here.
+        """
+        prof, self.prof = self.prof, None
+        inner = getattr(prof, "profiler", None)
+        if inner is None:
+            return
+        prof.profiler = None  # type: ignore[union-attr]
+        for ev in getattr(inner, "_function_events", None) or ():
+            ev.cpu_children = []
+            ev.cpu_parent = None
+
     @property
     def full(self) -> bool:
         return self.opened >= self.needed
@@ -165,3 +201,12 @@ class Window:
 
 def _still_enabled_here() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
+
+
+def _abandon(prof: profile) -> None:
+    """Undo a half-done start, so a failed start cannot leave a profiler (or its flag) on."""
+    with contextlib.suppress(Exception):  # the failed start is the error that gets reported
+        if _still_enabled_here():
+            prof.stop()
+    if foreign_profiler_active() and not _still_enabled_here():
+        _autograd_profiler._is_profiler_enabled = False

@@ -98,6 +98,28 @@ def test_log_only_events_carry_the_request_span_ids() -> None:
     assert "span_id" not in second
 
 
+def test_no_op_tracer_provider_never_logs_zero_ids() -> None:
+    """With a no-op provider (no OTel SDK) events keep the request's ids, or carry none."""
+    tracer = TracerProvider().get_tracer("test")
+    with (
+        capture_logs() as logs,
+        capture(
+            sample_every=1, exporters=("otel", "log"), tracer_provider=trace.NoOpTracerProvider()
+        ) as cap,
+    ):
+        with tracer.start_as_current_span("request") as request:
+            predict(BATCH)
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    first, second = _events(logs, "profkit.profile")
+    ctx = request.get_span_context()
+    assert f"{ctx.span_id:016x}" == first["span_id"]
+    assert f"{ctx.trace_id:032x}" == first["trace_id"]
+    assert "trace_id" not in second
+    assert cap.calls[1].trace_id == ""
+    assert cap.spans() == ()
+
+
 def test_failed_call_logs_a_warning() -> None:
     """A call that raised is logged at warning level with the exception's type."""
     with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log")):

@@ -276,9 +276,8 @@ def test_region_object_can_be_reentered() -> None:
     """One region object used nested in itself keeps both levels balanced."""
     r = profkit.region("again")
     with capture(sample_every=1) as cap:
-        with r:
-            with r:  # noqa: SIM117 - the point is one object entered twice
-                pass
+        with r, r:
+            pass
         assert FRAME.get() is None
     assert ["again", "again"] == _labels(cap.calls[0])
 

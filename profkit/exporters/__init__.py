@@ -11,6 +11,10 @@ Built-in, by name in ``configure(exporters=...)``:
 
 Any object with ``export(summary)`` (and optionally ``force_flush(timeout)`` and
 ``shutdown()``) can be passed in ``configure(extra_exporters=[...])``.
+
+Shipping spans to a collector is the TracerProvider's job:
+:func:`profkit.exporters.otlp.otlp_span_processor` builds an OTLP ``BatchSpanProcessor`` that
+counts failed exports into ``profkit.stats()``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Chrome / Perfetto trace files: one per window, owner-only, under a retention limit.
 
 Files are written on the export worker with ``torch.profiler``'s own
-``export_chrome_trace`` into a ``mkstemp`` file (mode 0600), optionally gzip-compressed,
-then renamed into place as ``profkit-<epoch ns>-w<window id>.json[.gz]``. After each write
-the oldest files beyond ``trace_max_files`` or ``trace_max_bytes`` are removed. Nothing is
-written outside ``trace_dir``.
+``export_chrome_trace`` inside a private ``mkdtemp`` directory, optionally gzip-compressed,
+set to mode 0600 and renamed into place as ``profkit-<epoch ns>-w<window id>.json[.gz]``.
+After each write the oldest files beyond ``trace_max_files`` or ``trace_max_bytes`` are
+removed. Nothing is written outside ``trace_dir``.
 """
 
 from __future__ import annotations
@@ -40,24 +40,26 @@ class TraceFileWriter:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         suffix = ".json.gz" if self.gzip else ".json"
         final = os.path.join(self.directory, f"{_PREFIX}{time.time_ns()}-w{window_id}{suffix}")
-        fd, raw = tempfile.mkstemp(prefix=".profkit-", suffix=".json", dir=self.directory)
-        os.close(fd)
+        # torch (kineto) creates the file itself with the process umask: let it write inside a
+        # private (0700) scratch directory, then make the file 0600 before it is moved into view
+        scratch = tempfile.mkdtemp(prefix=".profkit-", dir=self.directory)
         try:
-            prof.export_chrome_trace(raw)
+            path = os.path.join(scratch, "trace.json")
+            prof.export_chrome_trace(path)
             if self.gzip:
-                fd, packed = tempfile.mkstemp(prefix=".profkit-", suffix=".gz", dir=self.directory)
+                packed = path + ".gz"
+                fd = os.open(packed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with (
                     os.fdopen(fd, "wb") as out,
-                    open(raw, "rb") as src,
+                    open(path, "rb") as src,
                     gzip.GzipFile(fileobj=out, mode="wb") as gz,
                 ):
                     shutil.copyfileobj(src, gz)
-                os.replace(packed, final)
-            else:
-                os.replace(raw, final)
+                path = packed
+            os.chmod(path, 0o600)
+            os.replace(path, final)
         finally:
-            if os.path.exists(raw):
-                os.unlink(raw)
+            shutil.rmtree(scratch, ignore_errors=True)
         self.prune()
         return final
 

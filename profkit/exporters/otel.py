@@ -143,6 +143,8 @@ class SpanExporter:
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
         sc = spans[0].get_span_context()
+        if not sc.is_valid:  # a no-op provider and no parent: no ids rather than zeros
+            return call
         return dataclasses.replace(
             call,
             trace_id=trace.format_trace_id(sc.trace_id),

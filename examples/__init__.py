@@ -1,0 +1,1 @@
+"""Runnable examples of profkit (see each module's docstring for its command)."""

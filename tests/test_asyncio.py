@@ -1,0 +1,115 @@
+"""asyncio: a sampled coroutine's summary holds only the ops that ran while its task ran."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import profkit
+from profkit.testing import capture
+
+BURSTS = 5
+
+
+@profkit.profiled("mm_task")
+async def mm_task(x: torch.Tensor) -> int:
+    """Two matmuls per burst, yielding to the loop between bursts."""
+    for _ in range(BURSTS):
+        torch.mm(x, x)
+        torch.mm(x, x)
+        await asyncio.sleep(0)
+    return 1
+
+
+@profkit.profiled("softmax_task")
+async def softmax_task(x: torch.Tensor) -> int:
+    """Two softmaxes per burst, yielding to the loop between bursts."""
+    for _ in range(BURSTS):
+        async with profkit.region("softmax_stage"):
+            torch.softmax(x, dim=1)
+            await asyncio.sleep(0)
+            torch.softmax(x, dim=1)
+        await asyncio.sleep(0)
+    return 2
+
+
+def _rows(scope: profkit.ScopeSummary) -> dict[str, int]:
+    return {row.name: row.count for row in scope.ops}
+
+
+def _check_own_ops_only(call: profkit.CallSummary) -> None:
+    rows = _rows(call.root)
+    if call.label == "mm_task":
+        assert 2 * BURSTS == rows["aten::mm"]
+        assert set() == {name for name in rows if "softmax" in name}
+    else:
+        assert 2 * BURSTS == rows["aten::softmax"]
+        assert "aten::mm" not in rows
+        for stage in call.scopes[1:]:
+            assert 2 == _rows(stage)["aten::softmax"]
+            assert "aten::mm" not in _rows(stage)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sampled_first", ["mm_task", "softmax_task"])
+def test_interleaved_tasks_sampled_one_holds_only_its_own_ops(sampled_first: str) -> None:
+    """Two tasks interleave on one loop; the sampled one (first root call) lacks the other's ops."""
+    first, second = (
+        (mm_task, softmax_task) if sampled_first == "mm_task" else (softmax_task, mm_task)
+    )
+
+    async def main() -> list[int]:
+        x = torch.full((8, 8), 0.01)
+        return list(await asyncio.gather(first(x), second(x)))
+
+    with capture(sample_every=1000, top_k=50) as cap:
+        results = asyncio.run(main())
+    assert ([1, 2] if sampled_first == "mm_task" else [2, 1]) == results
+    assert 1 == len(cap.calls)
+    call = cap.calls[0]
+    assert sampled_first == call.label
+    assert call.attribution == "task"
+    _check_own_ops_only(call)
+    assert 1 == cap.stats["sampled"]
+    assert 1 == cap.stats["unsampled"]
+
+
+@pytest.mark.timeout(60)
+def test_sampled_coroutine_span_says_task_attribution() -> None:
+    """The span of a sampled coroutine call carries profkit.attribution = "task"."""
+    with capture(sample_every=1) as cap:
+        assert 1 == asyncio.run(mm_task(torch.ones(4, 4)))
+    (root,) = [s for s in cap.spans() if s.name == "mm_task"]
+    assert root.attributes is not None
+    assert root.attributes["profkit.attribution"] == "task"
+
+
+@pytest.mark.timeout(120)
+def test_fifty_concurrent_tasks_every_sample_holds_only_its_own_ops() -> None:
+    """50 staggered tasks per round, 1-in-3 sampled: each exported call has only its own ops."""
+
+    async def client(i: int, x: torch.Tensor) -> int:
+        for _ in range(i % 9):  # stagger starts so windows open and close all through the round
+            await asyncio.sleep(0)
+        return await (mm_task(x) if i % 2 == 0 else softmax_task(x))
+
+    async def round_() -> list[int]:
+        x = torch.full((8, 8), 0.01)
+        return list(await asyncio.gather(*(client(i, x) for i in range(50))))
+
+    with capture(sample_every=3, top_k=50) as cap:
+        for _ in range(4):
+            assert [1 if i % 2 == 0 else 2 for i in range(50)] == asyncio.run(round_())
+    stats = cap.stats
+    assert 200 == stats["root_calls"]
+    assert 67 == stats["sampled"]  # ceil(200 / 3): every decision counted, once
+    assert stats["sampled"] == (
+        stats["exported"] + stats["dropped"] + stats["skipped_busy"] + stats["skipped_foreign"]
+    )
+    assert len(cap.calls) == stats["exported"]
+    assert {"mm_task", "softmax_task"} == {call.label for call in cap.calls}
+    for call in cap.calls:
+        assert call.attribution == "task"
+        _check_own_ops_only(call)

@@ -1,0 +1,169 @@
+"""os.fork(): the child gets a fresh session state that works; the parent is untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import profkit
+from profkit.testing import capture
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+@profkit.profiled("predict")
+def predict(x: torch.Tensor) -> float:
+    """A small matmul."""
+    return float(torch.mm(x, x).sum())
+
+
+X = torch.full((8, 8), 0.01)
+EXPECTED = predict.__wrapped__(X)
+
+
+def _fork_and_run(child: Callable[[], dict[str, Any]], timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``child`` in a forked process; return the JSON it reports (killed at the timeout)."""
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12+ warns that forking a threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's teardown
+        os.close(read_fd)
+        code = 1
+        try:
+            report = child()
+            code = 0
+        except BaseException:
+            report = {"error": traceback.format_exc()}
+        with os.fdopen(write_fd, "w") as out:
+            out.write(json.dumps(report))
+        sys.stdout.flush()
+        os._exit(code)
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    chunks = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([read_fd], [], [], 0.5)
+        if ready:
+            data = os.read(read_fd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    os.close(read_fd)
+    _, status = _wait(pid, deadline)
+    report = json.loads(b"".join(chunks) or b"{}")
+    report["exit_code"] = os.waitstatus_to_exitcode(status) if status is not None else None
+    return report
+
+
+def _wait(pid: int, deadline: float) -> tuple[int, int | None]:
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return done, status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return pid, None
+
+
+def _child_run_sampled_calls() -> dict[str, Any]:
+    session = profkit.get_session()
+    assert session is not None
+    fresh = profkit.stats()
+    exporter = session.config.extra_exporters[0]
+    before = len(exporter.calls)
+    results = [predict(X) for _ in range(6)]
+    flushed = profkit.force_flush(20.0)
+    after = profkit.stats()
+    new_calls = exporter.calls[before:]
+    return {
+        "fresh": {k: fresh[k] for k in ("root_calls", "sampled", "exported", "windows")},
+        "results_ok": all(r == EXPECTED for r in results),
+        "flushed": flushed,
+        "stats": {k: after[k] for k in ("root_calls", "sampled", "exported", "dropped", "errors")},
+        "labels": [c.label for c in new_calls],
+        "ops": sorted({r.name for c in new_calls for r in c.root.ops}),
+        "pid": os.getpid(),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_child_after_fork_has_fresh_working_session_and_parent_keeps_working() -> None:
+    """The child resets counters, queue and threads, samples and exports; the parent goes on."""
+    with capture(sample_every=2) as cap:
+        assert [EXPECTED] * 4 == [predict(X) for _ in range(4)]
+        assert profkit.force_flush(10.0)
+        parent_before = profkit.stats()
+        report = _fork_and_run(_child_run_sampled_calls)
+        assert [EXPECTED] * 4 == [predict(X) for _ in range(4)]
+        assert profkit.force_flush(10.0)
+        parent_after = profkit.stats()
+    assert report.get("error") is None, report.get("error")
+    assert 0 == report["exit_code"]
+    assert os.getpid() != report["pid"]
+    assert {"root_calls": 0, "sampled": 0, "exported": 0, "windows": 0} == report["fresh"]
+    assert report["results_ok"]
+    assert report["flushed"]
+    assert {"root_calls": 6, "sampled": 3, "exported": 3, "dropped": 0, "errors": 0} == (
+        report["stats"]
+    )
+    assert ["predict"] * 3 == report["labels"]
+    assert "aten::mm" in report["ops"]
+    assert 2 == parent_before["exported"]
+    assert 8 == parent_after["root_calls"]
+    assert 4 == parent_after["exported"]
+    assert 4 == len(cap.calls)
+
+
+def _child_while_parent_window_open_elsewhere() -> dict[str, Any]:
+    results = [predict(X) for _ in range(3)]
+    flushed = profkit.force_flush(20.0)
+    stats = profkit.stats()
+    return {
+        "results_ok": all(r == EXPECTED for r in results),
+        "flushed": flushed,
+        "exported": stats["exported"],
+        "skipped_busy": stats["skipped_busy"],
+    }
+
+
+@pytest.mark.timeout(120)
+def test_child_is_not_blocked_by_a_window_lock_held_in_the_parent() -> None:
+    """A window lock held by another parent thread at fork time is free in the child."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    @profkit.profiled("slow")
+    def slow() -> int:
+        entered.set()
+        release.wait(30)
+        return 7
+
+    with capture(sample_every=1):
+        worker = threading.Thread(target=slow)
+        worker.start()
+        assert entered.wait(30)
+        try:
+            report = _fork_and_run(_child_while_parent_window_open_elsewhere)
+        finally:
+            release.set()
+            worker.join(30)
+    assert report.get("error") is None, report.get("error")
+    assert 0 == report["exit_code"]
+    assert report["results_ok"]
+    assert report["flushed"]
+    assert 3 == report["exported"]
+    assert 0 == report["skipped_busy"]

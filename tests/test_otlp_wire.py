@@ -1,0 +1,259 @@
+"""OTLP on the wire: real OTLP exporters deliver every profkit span to real receivers."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan
+
+import profkit
+from profkit._errors import Stats
+from profkit.exporters.otlp import CountingSpanExporter, otlp_span_processor
+
+torch.manual_seed(0)
+MODEL = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+BATCH = torch.randn(32, 64)
+with torch.no_grad():
+    EXPECTED = MODEL(BATCH * 2.0)
+
+#: spans per sampled call of predict: the call and its two regions
+SPANS_PER_CALL = 3
+#: seconds an OTLP export may take: short, so a stopped receiver fails fast
+EXPORT_TIMEOUT = 1.0
+
+
+@profkit.profiled("predict")
+def predict(batch: torch.Tensor) -> torch.Tensor:
+    """Two regions around the model."""
+    with profkit.region("preprocess", stage="scale"):
+        batch = batch * 2.0
+    with profkit.region("forward"), torch.no_grad():
+        out: torch.Tensor = MODEL(batch)
+    return out
+
+
+Receiver = GrpcReceiver | HttpReceiver
+
+
+@pytest.fixture(params=["grpc", "http/protobuf"])
+def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver, dict[str, Any]]]:
+    """A running receiver of each protocol and the exporter arguments that reach it."""
+    protocol: str = request.param
+    if protocol == "grpc":
+        grpc_rx = GrpcReceiver()
+        kwargs: dict[str, Any] = {"endpoint": grpc_rx.endpoint, "insecure": True}
+        rx: Receiver = grpc_rx
+    else:
+        rx = HttpReceiver()
+        kwargs = {"endpoint": rx.endpoint}
+    with rx:
+        yield protocol, rx, {**kwargs, "timeout": EXPORT_TIMEOUT}
+
+
+def _provider(processor: BatchSpanProcessor) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A provider shipping over OTLP, with an in-memory copy of every span for comparison."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "profkit-wire-test"}))
+    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    return provider, memory
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _assert_same(memory: Sequence[ReadableSpan], received: Sequence[ReceivedSpan]) -> None:
+    """Every in-memory span arrived once, with the same ids, parents, times and attributes."""
+    by_id = {s.span_id: s for s in received}
+    assert len(memory) == len(received)
+    assert len(memory) == len(by_id)
+    for span in memory:
+        got = by_id[f"{span.context.span_id:016x}"]
+        parent = f"{span.parent.span_id:016x}" if span.parent is not None else ""
+        assert span.attributes is not None
+        expected_attrs = {k: _plain(v) for k, v in span.attributes.items()}
+        assert (span.name, f"{span.context.trace_id:032x}", parent) == (
+            got.name,
+            got.trace_id,
+            got.parent_span_id,
+        )
+        assert (span.start_time, span.end_time) == (got.start_ns, got.end_ns)
+        assert expected_attrs == got.attributes
+        assert got.resource_attributes["service.name"] == "profkit-wire-test"
+
+
+@pytest.mark.timeout(60)
+def test_receiver_gets_every_span(receiver: tuple[str, Receiver, dict[str, Any]]) -> None:
+    """After shutdown the receiver holds exactly the spans of N sampled calls, as made."""
+    protocol, rx, kwargs = receiver
+    provider, memory = _provider(otlp_span_processor(protocol, **kwargs))
+    tracer = provider.get_tracer("test")
+    profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+    n = 4
+    for _ in range(n):
+        with tracer.start_as_current_span("request"):
+            assert torch.equal(EXPECTED, predict(BATCH))
+    assert profkit.shutdown(10.0)
+    provider.shutdown()
+    received = rx.wait_for(n * (SPANS_PER_CALL + 1), timeout=10)
+    _assert_same(memory.get_finished_spans(), received)
+    roots = [s for s in received if s.name == "predict"]
+    requests = {s.span_id: s for s in received if s.name == "request"}
+    assert len(roots) == n
+    for root in roots:
+        assert requests[root.parent_span_id].trace_id == root.trace_id
+        assert "aten::addmm" in root.attributes["profkit.ops.name"]
+        assert root.attributes["profkit.scope.label"] == "predict"
+        assert root.attributes["code.function.name"] == "predict"
+    assert {s.attributes.get("stage") for s in received if s.name == "preprocess"} == {"scale"}
+    assert profkit.stats()["otlp_spans_failed"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_stopped_receiver_breaks_nothing_and_drops_are_counted(
+    receiver: tuple[str, Receiver, dict[str, Any]],
+) -> None:
+    """A receiver that goes away mid-run: calls still return, every lost span is counted."""
+    protocol, rx, kwargs = receiver
+    if protocol == "http/protobuf":
+        # HttpReceiver.stop() closes the listening socket but not kept-alive connections,
+        # which would keep receiving; a collector that goes away takes them all with it
+        kwargs["headers"] = {"Connection": "close"}
+    provider, memory = _provider(otlp_span_processor(protocol, **kwargs))
+    session = profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+    for _ in range(2):
+        assert torch.equal(EXPECTED, predict(BATCH))
+    assert profkit.force_flush(10.0)
+    assert provider.force_flush(10_000)
+    delivered = rx.wait_for(2 * SPANS_PER_CALL, timeout=10)
+    rx.stop()
+    for _ in range(3):
+        assert torch.equal(EXPECTED, predict(BATCH))
+    assert profkit.force_flush(10.0)
+    provider.force_flush(10_000)
+    stats = session.stats.snapshot()
+    assert stats["otlp_spans_failed"] == 3 * SPANS_PER_CALL
+    assert stats["error_reasons"]["otlp_export_failed"] >= 1
+    assert stats["exported"] == 5
+    assert stats["dropped"] == 0
+    assert len(memory.get_finished_spans()) == 5 * SPANS_PER_CALL
+    assert len(delivered) == len(rx.spans())
+    assert profkit.shutdown(10.0)
+    provider.shutdown()
+
+
+def test_standard_environment_variables_choose_protocol_and_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL and OTEL_EXPORTER_OTLP_ENDPOINT configure the processor."""
+    with HttpReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{rx.port}")
+        provider, memory = _provider(otlp_span_processor(timeout=EXPORT_TIMEOUT))
+        profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+        predict(BATCH)
+        assert profkit.shutdown(10.0)
+        provider.shutdown()
+        _assert_same(memory.get_finished_spans(), rx.wait_for(SPANS_PER_CALL, timeout=10))
+
+
+def test_unknown_protocol_is_a_value_error() -> None:
+    """A protocol that OTLP does not define is refused by name."""
+    with pytest.raises(ValueError, match="'http/json'"):
+        otlp_span_processor("http/json")
+
+
+def test_missing_exporter_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the OTLP package the ImportError says how to get it."""
+    module = "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=r"pip install 'profkit\[otlp\]'"):
+        otlp_span_processor("grpc")
+
+
+class FakeExporter(SpanExporter):
+    """Answers each export with the next scripted outcome (a result or an exception)."""
+
+    def __init__(self, outcomes: list[SpanExportResult | Exception]) -> None:
+        self.outcomes = outcomes
+        self.shut = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def _spans(n: int) -> list[ReadableSpan]:
+    provider = TracerProvider()
+    tracer = provider.get_tracer("test")
+    out = []
+    for i in range(n):
+        span = tracer.start_span(f"s{i}")
+        span.end()
+        assert isinstance(span, ReadableSpan)
+        out.append(span)
+    return out
+
+
+def test_counting_exporter_counts_failures_and_exceptions() -> None:
+    """Failed and raising exports count their spans; successful ones count nothing."""
+    stats = Stats()
+    ok, failed = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
+    inner = FakeExporter([ok, failed, ConnectionError("down")])
+    exporter = CountingSpanExporter(inner, counting_into=stats)
+    assert exporter.export(_spans(2)) is ok
+    assert exporter.export(_spans(3)) is failed
+    assert exporter.export(_spans(4)) is failed
+    snap = stats.snapshot()
+    assert snap["otlp_spans_failed"] == 7
+    assert snap["error_reasons"] == {"otlp_export_failed": 2}
+    exporter.shutdown()
+    assert inner.shut
+
+
+def test_counting_exporter_counts_into_the_current_session() -> None:
+    """With no target it counts into the global session current at export time, else nowhere."""
+    exporter = CountingSpanExporter(FakeExporter([SpanExportResult.FAILURE] * 2))
+    assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # no session: nothing to count
+    session = profkit.configure(sample_every=1, exporters=())
+    assert exporter.export(_spans(5)) is SpanExportResult.FAILURE
+    assert session.stats.snapshot()["otlp_spans_failed"] == 5
+    assert profkit.stats()["otlp_spans_failed"] == 5
+
+
+class TimedShutdownExporter(FakeExporter):
+    """Records the timeout its shutdown was given."""
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:  # type: ignore[override]
+        self.shut = True
+        self.timeout_millis = timeout_millis
+
+
+def test_shutdown_timeout_is_passed_on() -> None:
+    """The processor's shutdown budget reaches an inner exporter that accepts one."""
+    timed = TimedShutdownExporter([])
+    BatchSpanProcessor(CountingSpanExporter(timed)).shutdown()
+    assert timed.shut
+    assert 0 < timed.timeout_millis <= 30_000
+    plain = FakeExporter([])
+    BatchSpanProcessor(CountingSpanExporter(plain)).shutdown()
+    assert plain.shut
