@@ -16,6 +16,7 @@ from typing import Any
 from ._config import Config
 from ._errors import Stats, guard
 from ._model import CallSummary, WindowSummary
+from ._raw import read_cpu_events
 from ._summary import build_calls
 from ._window import Window
 from .exporters import Exporter, build_exporters
@@ -113,12 +114,17 @@ class Dispatcher:
             return None
         cfg = self.config
         kineto = prof.profiler.kineto_results if prof.profiler is not None else None
-        raw_count = len(kineto.events()) if kineto is not None else 0
+        raw = kineto.events() if kineto is not None else []
+        raw_count = len(raw)
         if raw_count > cfg.max_events:
             self.last_failure = "too_many_events"
             return None
         trace_start = kineto.trace_start_ns() if kineto is not None else win.started_ns
-        events = list(prof.events())  # type: ignore[no-untyped-call]
+        events: Sequence[Any] | None = None
+        if not cfg.profile_memory:  # memory records need torch's own parser
+            events = read_cpu_events(raw, trace_start, cfg.record_shapes)
+        if events is None:
+            events = list(prof.events())  # type: ignore[no-untyped-call]
         calls = build_calls(
             win.id,
             win.calls,

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import _errors
 from ._config import Config, build_config
+from ._errors import Stats
 from ._scope import GLOBAL
 from ._session import Session
 
@@ -22,6 +23,15 @@ __all__ = [
 ]
 
 _configure_lock = threading.Lock()
+
+
+class _Last:
+    """The most recently shut-down session, so stats() still reports its final counters."""
+
+    session: Session | None = None
+
+
+_last = _Last()
 _RETIRE_TIMEOUT = 5.0
 
 
@@ -67,30 +77,14 @@ def trigger(n: int = 1) -> None:
         session.trigger(n)
 
 
-_EMPTY_STATS: dict[str, Any] = {
-    "root_calls": 0,
-    "sampled": 0,
-    "unsampled": 0,
-    "exported": 0,
-    "dropped": 0,
-    "skipped_busy": 0,
-    "skipped_foreign": 0,
-    "skipped_rate_limit": 0,
-    "warmup_calls": 0,
-    "windows": 0,
-    "errors": 0,
-    "otlp_spans_failed": 0,
-    "dropped_reasons": {},
-    "error_reasons": {},
-}
-
-
 def stats() -> dict[str, Any]:
-    """Counters of the global session (all zero before ``configure()``)."""
-    session = get_session()
-    if session is None:
-        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _EMPTY_STATS.items()}
-    return session.stats.snapshot()
+    """Counters of the global session.
+
+    After ``shutdown()`` they stay those of the session that was shut down (its final
+    figures) until the next ``configure()``; before any ``configure()`` they are all zero.
+    """
+    session = get_session() or _last.session
+    return (session.stats if session is not None else Stats()).snapshot()
 
 
 def force_flush(timeout: float = 5.0) -> bool:
@@ -103,7 +97,14 @@ def shutdown(timeout: float = 5.0) -> bool:
     """Flush and stop the global session; later calls run unprofiled. True when all exported."""
     with _configure_lock:
         session, GLOBAL.session = GLOBAL.session, None
+        if session is not None:
+            _last.session = session
     return True if session is None else session.shutdown(timeout)
+
+
+def forget() -> None:
+    """Drop the shut-down session whose final counters ``stats()`` still reports."""
+    _last.session = None
 
 
 def _at_exit() -> None:

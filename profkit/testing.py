@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from . import _errors
-from ._global import configure, shutdown
+from ._global import configure, forget, shutdown
 from ._model import CallSummary, WindowSummary
 
 __all__ = ["Capture", "CaptureExporter", "capture", "raise_internal_errors", "reset"]
@@ -94,8 +94,9 @@ def capture(**settings: Any) -> Iterator[Capture]:
 
 
 def reset() -> None:
-    """Shut the global session down (flushing briefly) and forget it."""
+    """Shut the global session down (flushing briefly) and forget it and its counters."""
     shutdown(2.0)
+    forget()
 
 
 def raise_internal_errors(enabled: bool = True) -> bool:

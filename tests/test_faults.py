@@ -18,7 +18,7 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 import profkit
-from profkit import _window
+from profkit import _dispatch, _window
 from profkit.testing import CaptureExporter, capture
 
 pytestmark = pytest.mark.timeout(60)
@@ -211,6 +211,7 @@ def test_summary_builder_meets_odd_events(monkeypatch: pytest.MonkeyPatch) -> No
         return real + _weird_events(real)
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
+    monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)  # torch's parser
     with capture(sample_every=1, top_k=50) as cap:
         assert EXPECTED == predict(X)
     (call,) = cap.calls
@@ -230,11 +231,27 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("cannot parse")
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
+    monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)  # torch's parser
     with capture(sample_every=1) as cap:
         assert EXPECTED == predict(X)
     assert [] == cap.calls
     assert {"worker_error": 1} == cap.stats["dropped_reasons"]
     assert 1 == cap.stats["error_reasons"]["worker"]
+    assert _reconciled(cap.stats)
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_fast_event_reader_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If profkit's own raw-event reader fails, the window is dropped and counted."""
+
+    def read(*args: Any) -> Any:
+        raise RuntimeError("odd kineto event")
+
+    monkeypatch.setattr(_dispatch, "read_cpu_events", read)
+    with capture(sample_every=1) as cap:
+        assert EXPECTED == predict(X)
+    assert [] == cap.calls
+    assert {"worker_error": 1} == cap.stats["dropped_reasons"]
     assert _reconciled(cap.stats)
 
 
@@ -343,7 +360,7 @@ def test_calls_after_shutdown_run_unprofiled() -> None:
     assert [5] * 3 == [probe() for _ in range(3)]
     assert [True, False, False, False] == seen
     assert 1 == session.stats.root_calls
-    assert 0 == profkit.stats()["root_calls"]
+    assert 1 == profkit.stats()["root_calls"]  # the final counters, unchanged by later calls
 
 
 def test_users_own_profiler_active() -> None:

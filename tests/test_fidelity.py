@@ -62,11 +62,24 @@ def _run(mlp: torch.nn.Module, batch: torch.Tensor, **settings: Any) -> Any:
     return call
 
 
-@pytest.mark.parametrize("by_shapes", [False, True])
+@pytest.mark.parametrize(
+    ("by_shapes", "reader"), [(False, "raw"), (True, "raw"), (False, "torch"), (True, "torch")]
+)
 def test_every_row_matches_key_averages(
-    profiles: list[Any], mlp: torch.nn.Module, batch: torch.Tensor, by_shapes: bool
+    profiles: list[Any],
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    by_shapes: bool,
+    reader: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With top_k large, each root row equals torch's row by name: count and self CPU time."""
+    """With top_k large, each root row equals torch's row by name: count and self CPU time.
+
+    Both event readers are checked: profkit's fast raw-kineto reader (the CPU default) and
+    torch's own ``prof.events()`` (used for memory and device profiles).
+    """
+    if reader == "torch":
+        monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)
     call = _run(mlp, batch, top_k=10_000, record_shapes=by_shapes)
     (prof,) = profiles
     labels = {s.label for s in call.scopes}

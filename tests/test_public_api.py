@@ -32,3 +32,19 @@ def test_stats_before_configure_is_all_zero() -> None:
     assert (0, 0, 0) == (s["root_calls"], s["sampled"], s["errors"])
     assert profkit.force_flush(0.1)
     assert profkit.shutdown(0.1)
+
+
+def test_stats_after_shutdown_keep_the_final_counters() -> None:
+    """After shutdown(), stats() still reports the session that was shut down."""
+
+    @profkit.profiled
+    def f() -> int:
+        return 1
+
+    profkit.configure(sample_every=2, exporters=())
+    assert [1, 1, 1] == [f(), f(), f()]
+    assert profkit.shutdown(5)
+    s = profkit.stats()
+    assert (3, 2, 2) == (s["root_calls"], s["sampled"], s["exported"])
+    profkit.configure(sample_every=2, exporters=())
+    assert 0 == profkit.stats()["root_calls"]
