@@ -358,6 +358,10 @@ class region:
 
     The outermost profkit scope in a context is a root call (a sampling point); inside a
     sampled call a region becomes a ``record_function`` range and a child span.
+
+    A region object serves one ``with`` at a time in one context (re-entering it nested is
+    fine): write ``with profkit.region("x"):`` where it is used instead of sharing one
+    instance between threads or concurrent tasks. The decorator form is always safe.
     """
 
     __slots__ = ("_attributes", "_handle", "_outer", "label")

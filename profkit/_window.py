@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from typing import Any
@@ -127,6 +128,7 @@ class Window:
         "prof",
         "started_ns",
         "stopped_ns",
+        "stopped_refs",
     )
 
     def __init__(self, window_id: int, config: Config) -> None:
@@ -141,10 +143,12 @@ class Window:
         self.prof: profile | None = None
         self.started_ns = 0
         self.stopped_ns = 0
+        self.stopped_refs = 0
 
-    def start(self) -> None:
-        """Start the profiler on this thread."""
-        prof = make_profiler(self.config)
+    def start(self, prof: profile | None = None) -> None:
+        """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one."""
+        if prof is None:
+            prof = make_profiler(self.config)
         self.started_ns = time.time_ns()
         try:
             prof.start()
@@ -160,6 +164,8 @@ class Window:
         if prof is not None:
             try:
                 prof.stop()
+                # the profile's references to itself plus this frame's: see release()
+                self.stopped_refs = sys.getrefcount(prof)
             finally:
                 # a failed stop must not leave the process-wide flag set: we would skip forever
                 if foreign_profiler_active() and not _still_enabled_here():
@@ -183,13 +189,16 @@ class Window:
         refers to itself (bound methods in its action table), so all of it would otherwise
         wait for the cyclic collector; a full collection with torch loaded takes hundreds of
         ms holding the GIL. Detaching the inner profile and unlinking the events leaves no
-        cycle around them, so reference counting frees them here.
+        cycle around them, so reference counting frees them here. A profile that someone
+        else still holds (more references than right after ``stop()``) is left intact.
         """
         prof, self.prof = self.prof, None
         inner = getattr(prof, "profiler", None)
-        if inner is None:
+        if inner is None or sys.getrefcount(prof) > self.stopped_refs - 1:
             return
         prof.profiler = None  # type: ignore[union-attr]
+        if isinstance(getattr(prof, "action_map", None), dict):
+            prof.action_map = {}  # type: ignore[union-attr]  # bound methods of prof: a cycle
         for ev in getattr(inner, "_function_events", None) or ():
             ev.cpu_children = []
             ev.cpu_parent = None
