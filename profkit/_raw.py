@@ -17,6 +17,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 __all__ = ["RawEvent", "read_cpu_events"]
 
 try:  # the same name rewrite torch applies ("ProfilerStep#3" -> "ProfilerStep*")
@@ -25,6 +27,10 @@ try:  # the same name rewrite torch applies ("ProfilerStep#3" -> "ProfilerStep*"
     _torch_rewrite: Any = getattr(_torch_util, "_rewrite_name", None)
 except ImportError:  # pragma: no cover - older or newer torch without it
     _torch_rewrite = None
+
+_CPU: Any = getattr(getattr(torch, "autograd", None), "DeviceType", None)
+if _CPU is not None:
+    _CPU = _CPU.CPU
 
 _FILTERED = frozenset(
     {
@@ -54,6 +60,7 @@ class RawEvent:
     __slots__ = (
         "children",
         "cpu_time_total",
+        "end_us",
         "flops",
         "id",
         "input_shapes",
@@ -61,8 +68,8 @@ class RawEvent:
         "is_user_annotation",
         "name",
         "parent",
+        "start_us",
         "thread",
-        "time_range",
     )
 
     device_type = "DeviceType.CPU"
@@ -77,10 +84,11 @@ class RawEvent:
         end_us = (k.end_ns() - trace_start_ns) / 1000
         self.name = name
         self.thread: int = k.start_thread_id()
-        self.time_range = _Range(start_us, end_us)
+        self.start_us = start_us
+        self.end_us = end_us
         self.cpu_time_total: float = end_us - start_us
         self.parent: RawEvent | None = None
-        self.children: list[RawEvent] = []
+        self.children: list[RawEvent] | None = None  # allocated for parents only
         self.is_async = bool(k.is_async()) or k.start_thread_id() != k.end_thread_id()
         self.is_user_annotation = bool(k.is_user_annotation())
         self.id: int = k.correlation_id()
@@ -88,16 +96,28 @@ class RawEvent:
         self.input_shapes = k.shapes() if with_shapes else None
 
     @property
+    def time_range(self) -> _Range:
+        return _Range(self.start_us, self.end_us)
+
+    @property
     def self_cpu_time_total(self) -> float:
-        if self.is_async:
-            return 0.0
+        if self.is_async or not self.children:
+            return 0.0 if self.is_async else self.cpu_time_total
         return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
 
 
+_REWRITTEN: dict[str, str] = {}
+_REWRITE_CACHE_MAX = 4096
+
+
 def _rewrite(name: str) -> str:
-    if _torch_rewrite is None:
-        return name
-    return str(_torch_rewrite(name=name, with_wildcard=True))
+    """torch's name rewrite, memoised: a window repeats the same few op names thousands of times."""
+    out = _REWRITTEN.get(name)
+    if out is None:
+        out = name if _torch_rewrite is None else str(_torch_rewrite(name=name, with_wildcard=True))
+        if len(_REWRITTEN) < _REWRITE_CACHE_MAX:
+            _REWRITTEN[name] = out
+    return out
 
 
 def read_cpu_events(
@@ -105,14 +125,15 @@ def read_cpu_events(
 ) -> list[RawEvent] | None:
     """Summary input for a CPU-only profile, or None when an event needs torch's full parser."""
     events: list[RawEvent] = []
+    cpu = _CPU
     for k in raw:
         name = k.name()
         if name in _FILTERED or _hidden(k):
             continue
-        if str(k.device_type()) != "DeviceType.CPU":
+        if k.device_type() != cpu:
             return None
         events.append(RawEvent(k, trace_start_ns, _rewrite(name), with_shapes))
-    events.sort(key=lambda e: (e.time_range.start, -e.time_range.end))  # torch's final order
+    events.sort(key=lambda e: (e.start_us, -e.end_us))  # torch's final order
     _nest(events)
     return _remove_duplicates(events)
 
@@ -127,15 +148,14 @@ def _nest(events: list[RawEvent]) -> None:
     sync = sorted((e for e in events if not e.is_async), key=lambda e: e.thread)
     for _, group in itertools.groupby(sync, key=lambda e: e.thread):
         stack: list[RawEvent] = []
-        for ev in sorted(group, key=lambda e: (e.time_range.start, -e.time_range.end)):
+        for ev in sorted(group, key=lambda e: (e.start_us, -e.end_us)):
             while stack:
                 parent = stack[-1]
-                if (
-                    ev.time_range.start >= parent.time_range.end
-                    or ev.time_range.end > parent.time_range.end
-                ):
+                if ev.start_us >= parent.end_us or ev.end_us > parent.end_us:
                     stack.pop()
                 else:
+                    if parent.children is None:
+                        parent.children = []
                     parent.children.append(ev)
                     ev.parent = parent
                     break
@@ -148,9 +168,10 @@ def _remove_duplicates(events: list[RawEvent]) -> list[RawEvent]:
         dropped: set[int] = set()
         for ev in events:
             parent = ev.parent
-            if parent is not None and parent.name == ev.name and len(parent.children) == 1:
+            siblings = parent.children if parent is not None else None
+            if parent is not None and parent.name == ev.name and siblings and len(siblings) == 1:
                 parent.children = ev.children
-                for child in ev.children:
+                for child in ev.children or ():
                     child.parent = parent
                 dropped.add(id(ev))
         if not dropped:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._model import Attribution, AttrValue, CallSummary, OpRow, ScopeSummary
+from ._raw import RawEvent
 from ._window import CallRecord, ScopeRecord
 
 __all__ = ["EventView", "build_calls", "clip", "rows_for", "top_rows"]
@@ -50,12 +51,17 @@ class EventView:
         self.ev = ev
         self.name: str = ev.name
         self.thread: int = ev.thread
-        self.start_ns = trace_start_ns + round(ev.time_range.start * 1000)
-        self.end_ns = trace_start_ns + round(ev.time_range.end * 1000)
+        span = (ev.start_us, ev.end_us) if type(ev) is RawEvent else _range(ev)
+        self.start_ns = trace_start_ns + round(span[0] * 1000)
+        self.end_ns = trace_start_ns + round(span[1] * 1000)
         self.device = str(getattr(ev, "device_type", "DeviceType.CPU")) != "DeviceType.CPU"
         self.user = bool(getattr(ev, "is_user_annotation", False))
         self.id: int = getattr(ev, "id", -1)
         self.linked: int = getattr(ev, "linked_correlation_id", 0) or 0
+
+
+def _range(ev: Any) -> tuple[float, float]:
+    return ev.time_range.start, ev.time_range.end
 
 
 def clip(text: str, limit: int) -> str:
@@ -78,6 +84,11 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
         shapes = _shapes(ev) if by_shapes else None
         a = acc[(view.name, view.device, shapes)]
         a[0] += 1
+        if type(ev) is RawEvent:  # profkit's own reader: plain CPU fields, no device or memory
+            a[1] += ev.self_cpu_time_total
+            a[2] += ev.cpu_time_total
+            a[7] += ev.flops
+            continue
         a[1] += _num(ev, "self_cpu_time_total")
         a[2] += _num(ev, "cpu_time_total")
         a[3] += _num(ev, "self_device_time_total")
