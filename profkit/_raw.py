@@ -135,7 +135,10 @@ def read_cpu_events(
         events.append(RawEvent(k, trace_start_ns, _rewrite(name), with_shapes))
     events.sort(key=lambda e: (e.start_us, -e.end_us))  # torch's final order
     _nest(events)
-    return _remove_duplicates(events)
+    events = _remove_duplicates(events)
+    for ev in events:  # children only point down from here: no cycle for the collector
+        ev.parent = None
+    return events
 
 
 def _hidden(k: Any) -> bool:

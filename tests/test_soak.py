@@ -14,7 +14,8 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 
 import profkit
-from profkit import _session
+from profkit import _dispatch, _session
+from profkit._raw import RawEvent
 from profkit.testing import capture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,13 +56,18 @@ def automatic_gc_off() -> Iterator[None]:
 
 
 def _live_function_events() -> int:
-    return sum(1 for o in gc.get_objects() if type(o) is FunctionEvent)
+    return sum(1 for o in gc.get_objects() if type(o) in (FunctionEvent, RawEvent))
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("automatic_gc_off")
-def test_finished_windows_do_not_keep_their_events_alive(mlp: torch.nn.Module) -> None:
-    """torch's parsed events sit in reference cycles; the worker's periodic collect frees them."""
+@pytest.mark.parametrize("reader", ["raw", "torch"])
+def test_finished_windows_do_not_keep_their_events_alive(
+    mlp: torch.nn.Module, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events of exported windows are freed (profkit's raw reader and torch's parser alike)."""
+    if reader == "torch":
+        monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)
     windows = 75
     x = torch.randn(32, 64)
 
