@@ -177,3 +177,8 @@ def quiet_exporter_settings() -> dict[str, Any]:
         ],
     )
     return {"exporters": ("otel", "log"), "tracer_provider": provider, "logger": logger}
+
+
+def fmt_spread(s: dict[str, float], digits: int = 2) -> str:
+    """A spread as "median [q1-q3]" for the tables."""
+    return f"{s['median']:.{digits}f} [{s['q1']:.{digits}f}-{s['q3']:.{digits}f}]"

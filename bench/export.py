@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 import torch
-from _util import emit, machine, parse_args, quiet_exporter_settings, spread
+from _util import emit, fmt_spread, machine, parse_args, quiet_exporter_settings, spread
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
@@ -162,6 +162,10 @@ def measure(quick: bool) -> dict[str, Any]:
     }
 
 
+def _f(s: dict[str, float]) -> str:
+    return fmt_spread(s, 2)
+
+
 def render(result: dict[str, Any]) -> str:
     lines = [
         "export pipeline, per window (ms: median [IQR])",
@@ -185,10 +189,6 @@ def render(result: dict[str, Any]) -> str:
         f"| {bp['dropped']} ({bp['dropped_queue_full']}) |",
     ]
     return "\n".join(lines)
-
-
-def _f(s: dict[str, float]) -> str:
-    return f"{s['median']:.2f} [{s['q1']:.2f}-{s['q3']:.2f}]"
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 import torch
-from _util import emit, machine, parse_args, spread
+from _util import emit, fmt_spread, machine, parse_args, spread
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -216,6 +216,10 @@ def measure(quick: bool) -> dict[str, Any]:
     }
 
 
+def _f(s: dict[str, float]) -> str:
+    return fmt_spread(s, 3)
+
+
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"sampled call, request path ({result['rounds']} calls per row), ms: median [IQR]",
@@ -244,10 +248,6 @@ def render(result: dict[str, Any]) -> str:
             + " |"
         )
     return "\n".join(lines)
-
-
-def _f(s: dict[str, float]) -> str:
-    return f"{s['median']:.3f} [{s['q1']:.3f}-{s['q3']:.3f}]"
 
 
 if __name__ == "__main__":
