@@ -11,7 +11,8 @@ from . import _errors
 from ._config import Config, build_config
 from ._errors import Stats
 from ._scope import GLOBAL
-from ._session import Session
+from ._session import Session, stop_left_at_exit
+from ._window import started_before_fork
 
 __all__ = [
     "configure",
@@ -51,7 +52,11 @@ def install(session: Session) -> Session:
     with _configure_lock:
         old, GLOBAL.session = GLOBAL.session, session
     if old is not None:
-        # an open window of the old session closes when its call ends; flush it off-thread
+        # an idle window of the old session on this thread closes now (it is exported); one in
+        # flight closes when its call ends, one idle on another thread at that thread's next
+        # root call; the old session is flushed off-thread
+        with _errors.guard(old.stats, "retire"):
+            old.release_idle_window()
         threading.Thread(
             target=old.shutdown, args=(_RETIRE_TIMEOUT,), name="profkit-retire", daemon=True
         ).start()
@@ -114,6 +119,17 @@ def _at_exit() -> None:
             session.shutdown(2.0)
         except Exception as exc:  # never turn interpreter exit into a traceback
             _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
+    try:
+        stop_left_at_exit()
+    except Exception as exc:
+        _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
+    if started_before_fork():
+        _errors.log.warning(
+            "profkit: this process was forked after a torch profiler ran in its parent; its "
+            "exit may hang in torch's kineto teardown (ConfigLoader). Configure profkit after "
+            "fork (gunicorn: post_fork hook) or end forked children with os._exit; see "
+            "profkit's reliability docs, 'fork()'."
+        )
 
 
 def _after_fork_in_child() -> None:

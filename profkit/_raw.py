@@ -106,6 +106,9 @@ class RawEvent:
         return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
 
 
+#: the name given to an event whose name torch hands out as invalid UTF-8
+UNDECODABLE = "<undecodable name>"
+
 _REWRITTEN: dict[str, str] = {}
 _REWRITE_CACHE_MAX = 4096
 
@@ -127,7 +130,10 @@ def read_cpu_events(
     events: list[RawEvent] = []
     cpu = _CPU
     for k in raw:
-        name = k.name()
+        try:
+            name = k.name()
+        except UnicodeDecodeError:  # seen on torch 2.13: a mangled name in a with_stack profile
+            name = UNDECODABLE
         if name in _FILTERED or _hidden(k):
             continue
         if k.device_type() != cpu:

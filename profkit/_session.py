@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 from opentelemetry import trace
@@ -60,6 +61,37 @@ def _close_retired(held: tuple[Session, Window]) -> None:
         session._close(win)
 
 
+class _ThreadEndGuard:
+    """Closes (and exports) the window still open on a thread when that thread ends.
+
+    It lives in a ``threading.local``: CPython clears a thread's locals on that thread as it
+    ends, before the C++ thread-locals holding torch's thread-local profiler state are
+    destroyed. A profiler still enabled there makes torch warn ("Requested callback is not
+    found", "Leaked callback handle") and the process crash at exit (measured, torch 2.13):
+    a thread-per-request server with ``window`` > 1 would otherwise end that way.
+    """
+
+    __slots__ = ("window",)
+
+    def __init__(self, win: Window) -> None:
+        self.window = weakref.ref(win)
+
+    def __del__(self) -> None:
+        win = self.window()
+        held = _current
+        if win is None or held is None or held[1] is not win or win.in_flight:
+            return  # closed already (the usual case), or a call still runs in it
+        if win.owner != threading.get_ident():
+            return  # not its thread (a forked child clearing the parent's threads)
+        try:
+            held[0]._close(win)
+        except Exception as exc:  # a finalizer must not raise
+            held[0].stats.error("thread_end", exc)
+
+
+_thread_end = threading.local()
+
+
 def _reclaim_if_owner_exited() -> bool:
     """Free a window whose thread exited with it open; True when the window lock is ours."""
     held = _current
@@ -74,6 +106,30 @@ def _reclaim_if_owner_exited() -> bool:
     finally:
         _reclaim_lock.release()
     return _WINDOW_LOCK.acquire(blocking=False)
+
+
+def stop_left_at_exit() -> None:
+    """At interpreter exit, stop a profiler that profkit left running and would crash the exit.
+
+    torch tears down a still-enabled profiler's state during exit, after its callbacks are
+    gone, and the process dies with SIGSEGV (measured on torch 2.13: a thread-local profiler on
+    the main thread, or an all-threads one started anywhere). Called after the global session's
+    shutdown; what remains is a window of a replaced session or one idle on another thread.
+    A thread-local profiler on another live thread is never torn down and is left alone.
+    """
+    held = _current
+    if held is None:
+        return
+    session, win = held
+    if not win.config.all_threads and win.owner_thread is not threading.current_thread():
+        return
+    if not _reclaim_lock.acquire(blocking=False):
+        return
+    try:
+        if _current is held:
+            session._abandon(win, "shutdown")
+    finally:
+        _reclaim_lock.release()
 
 
 os.register_at_fork(after_in_child=_reset_lock_after_fork)
@@ -160,6 +216,7 @@ class Session:
                 return None
             self._window = win
             _current = (self, win)
+            _thread_end.guard = _ThreadEndGuard(win)
             opened = True
             self.stats.add("windows")
             return self._join(win, policy)
@@ -221,13 +278,13 @@ class Session:
         with self._idle:
             self._idle.notify_all()
 
-    def _abandon(self, win: Window) -> None:
-        """Drop a window whose thread exited with it open (its profiler state died with it)."""
+    def _abandon(self, win: Window, reason: str = "owner_exited") -> None:
+        """Drop a window we cannot close normally: its thread exited, or the interpreter is."""
         try:
             win.abandon()
             recorded = sum(1 for c in win.calls if not c.warmup)
             if recorded:
-                self.stats.drop("owner_exited", recorded)
+                self.stats.drop(reason, recorded)
             win.prof = None
             win.calls.clear()
         finally:
@@ -343,7 +400,7 @@ class Session:
         deadline = time.monotonic() + timeout
         self.active = False
         self._wait_for_window(deadline)
-        self._release_idle_window()
+        self.release_idle_window()
         flushed = self.force_flush(max(0.0, deadline - time.monotonic()))
         with self._worker_lock:
             self._closed = True
@@ -370,7 +427,7 @@ class Session:
                     return
                 self._idle.wait(min(left, 0.05))
 
-    def _release_idle_window(self) -> None:
+    def release_idle_window(self) -> None:
         """A window waiting for more calls (``window`` > 1) is let go of as soon as possible.
 
         On its own thread it closes now; if that thread has exited it is dropped now;

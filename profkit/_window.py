@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -22,10 +23,40 @@ from torch.profiler import ProfilerActivity, profile
 from ._config import Config
 from ._model import CodeInfo
 
-__all__ = ["CallRecord", "ScopeRecord", "Window", "foreign_profiler_active", "warm_up"]
+__all__ = [
+    "CallRecord",
+    "ScopeRecord",
+    "Window",
+    "foreign_profiler_active",
+    "started_before_fork",
+    "warm_up",
+]
 
 _warmed: set[tuple[str, bool]] = set()
 _warm_lock = threading.Lock()
+#: the process in which profkit last started a torch profiler (0: none yet)
+_started_in_pid = 0
+#: set in a process forked after profkit had started a profiler (in its parent or earlier)
+_forked_after_start = False
+
+
+def started_before_fork() -> bool:
+    """True in a process forked after profkit started a torch profiler in an ancestor.
+
+    The first profiler start creates kineto's config-polling thread, which waits on a
+    condition variable; a forked child inherits that wait without the thread, and a normal
+    interpreter exit of the child then blocks for ever in kineto's ConfigLoader destructor
+    (torch 2.13, upstream; children that end with ``os._exit``, like multiprocessing's, do not).
+    """
+    return _forked_after_start
+
+
+def _note_fork_in_child() -> None:
+    global _forked_after_start
+    _forked_after_start = _forked_after_start or _started_in_pid != 0
+
+
+os.register_at_fork(after_in_child=_note_fork_in_child)
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,13 +133,19 @@ def warm_up(config: Config) -> float:
     with _warm_lock:
         if key in _warmed or foreign_profiler_active():
             return 0.0
+        global _started_in_pid
         t0 = time.perf_counter()
         prof = make_profiler(config)
+        _started_in_pid = os.getpid()
         prof.start()
         with torch.autograd.profiler.record_function("profkit.warmup"):
             torch.ones(2, 2).add_(1)
         prof.stop()
-        prof.events()  # type: ignore[no-untyped-call]  # import and run the parser once
+        # import and run torch's parser once; a parse failure of this throwaway profile (the
+        # first with_stack profile of a process can hold a mangled, non-UTF-8 event name) is
+        # of no consequence: the expensive first start/stop is done
+        with contextlib.suppress(Exception):
+            prof.events()  # type: ignore[no-untyped-call]
         _warmed.add(key)
         return time.perf_counter() - t0
 
@@ -117,6 +154,7 @@ class Window:
     """One open profiler: the calls recorded under it and the profiler object itself."""
 
     __slots__ = (
+        "__weakref__",
         "calls",
         "config",
         "id",
@@ -150,10 +188,12 @@ class Window:
         if prof is None:
             prof = make_profiler(self.config)
         self.started_ns = time.time_ns()
+        global _started_in_pid
+        _started_in_pid = os.getpid()
         try:
             prof.start()
         except BaseException:
-            _abandon(prof)
+            _abandon(prof, all_threads=self.config.all_threads)
             raise
         self.prof = prof
 
@@ -174,13 +214,14 @@ class Window:
     def abandon(self) -> None:
         """Forget a profiler whose thread is gone (it exited, or this is a forked child).
 
-        Its thread-local profiler state went with the thread, and stopping it from another
-        thread only logs torch warnings, so it is stopped only where this thread still sees
-        a profiler running (an all-threads one); the process-wide flag is cleared.
+        A thread-local profiler's state went with its thread (stopping it from another thread
+        only logs torch warnings). An all-threads profiler is process-wide: it is still
+        recording every thread and must be stopped here, or it records forever and crashes
+        the interpreter's exit. The process-wide flag is cleared either way.
         """
         self.stopped_ns = time.time_ns()
         if self.prof is not None:
-            _abandon(self.prof)
+            _abandon(self.prof, all_threads=self.config.all_threads)
 
     def release(self) -> None:
         """Free the profile and its parsed events now, not at the next full GC collection.
@@ -212,10 +253,15 @@ def _still_enabled_here() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
-def _abandon(prof: profile) -> None:
-    """Undo a half-done start, so a failed start cannot leave a profiler (or its flag) on."""
+def _abandon(prof: profile, *, all_threads: bool) -> None:
+    """Stop what is left of a profiler we give up on: a half-done start, a stranded window.
+
+    ``torch._C._autograd._profiler_enabled()`` sees only this thread's profiler, never an
+    all-threads one (measured on torch 2.13), so an all-threads profile is stopped blindly; a
+    stop of one that never started raises and is ignored.
+    """
     with contextlib.suppress(Exception):  # the failed start is the error that gets reported
-        if _still_enabled_here():
+        if all_threads or _still_enabled_here():
             prof.stop()
     if foreign_profiler_active() and not _still_enabled_here():
         _autograd_profiler._is_profiler_enabled = False

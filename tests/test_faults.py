@@ -18,7 +18,7 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 import profkit
-from profkit import _dispatch, _window
+from profkit import _dispatch, _raw, _window
 from profkit.testing import CaptureExporter, capture
 
 pytestmark = pytest.mark.timeout(60)
@@ -253,6 +253,54 @@ def test_fast_event_reader_fails_outright(monkeypatch: pytest.MonkeyPatch) -> No
     assert [] == cap.calls
     assert {"worker_error": 1} == cap.stats["dropped_reasons"]
     assert _reconciled(cap.stats)
+
+
+class _MangledName:
+    """A kineto event whose name torch cannot decode (seen with with_stack on torch 2.13)."""
+
+    def __init__(self, event: Any) -> None:
+        self._event = event
+
+    def name(self) -> str:
+        raise UnicodeDecodeError("utf-8", b"\x94", 0, 1, "invalid start byte")
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._event, attr)
+
+
+def test_fast_event_reader_meets_an_undecodable_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event name that is not UTF-8 becomes a placeholder row; the call is still exported."""
+    real_read = _dispatch.read_cpu_events
+
+    def read(raw: Any, *args: Any) -> Any:
+        return real_read([_MangledName(k) if k.name() == "aten::mm" else k for k in raw], *args)
+
+    monkeypatch.setattr(_dispatch, "read_cpu_events", read)
+    with capture(sample_every=1, top_k=50) as cap:
+        assert EXPECTED == predict(X)
+    (call,) = cap.calls
+    rows = {row.name: row for row in call.root.ops}
+    assert 1 == rows[_raw.UNDECODABLE].count
+    assert "aten::mm" not in rows
+    assert 0 == cap.stats["errors"]
+    assert _reconciled(cap.stats)
+
+
+def test_warm_up_survives_a_parse_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up's throwaway profile may fail to parse: configure() and sampling go on."""
+
+    def events(self: torch.profiler.profile) -> Any:
+        raise UnicodeDecodeError("utf-8", b"\x94", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(_window, "_warmed", set())
+    monkeypatch.setattr(torch.profiler.profile, "events", events)
+    with capture(sample_every=1) as cap:  # internal errors raise in tests: none may occur
+        session = profkit.get_session()
+        assert session is not None
+        assert session.warmup_seconds > 0
+        assert EXPECTED == predict(X)
+    assert 1 == len(cap.calls)
+    assert 0 == cap.stats["errors"]
 
 
 @pytest.mark.usefixtures("swallow_internal_errors")
