@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _util import emit, machine, parse_args, spread
+from _util import emit, fmt_spread, machine, parse_args, spread
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = 8
@@ -245,9 +245,8 @@ def render(result: dict[str, Any]) -> str:
             f"{s['exported']} / {s['sampled']} / {s['skipped_busy']} / {s['dropped']}" if s else "-"
         )
         lines.append(
-            f"| {LABELS[mode]} | {r['requests']} | {r['rps']['median']:.0f} "
-            f"[{r['rps']['q1']:.0f}-{r['rps']['q3']:.0f}] | {r['pooled_ratio']:.3f} "
-            f"({r['ratio']['median']:.3f} [{r['ratio']['q1']:.3f}-{r['ratio']['q3']:.3f}]) "
+            f"| {LABELS[mode]} | {r['requests']} | {fmt_spread(r['rps'], 0)} "
+            f"| {r['pooled_ratio']:.3f} ({fmt_spread(r['ratio'], 3)}) "
             f"| {r['p50_ms']:.2f} "
             f"| {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {counts} "
             f"| {r['window_cost_ms']:.1f} | {len(r['gc_full'])} "

@@ -139,6 +139,8 @@ def measure(quick: bool, processes: int | None = None, calls: int | None = None)
 
 
 def render(result: dict[str, Any]) -> str:
+    from _util import fmt_spread
+
     lines = [
         f"first sampled call after configure(), {result['processes']} fresh processes, "
         f"{result['calls']} sampled calls each",
@@ -155,7 +157,7 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"| median [IQR] | | {result['configure_s']['median']:.2f} | "
         f"{result['first_ms']['median']:.3f} | {result['median_ms']['median']:.3f} | "
-        f"{q['median']:.2f} [{q['q1']:.2f}-{q['q3']:.2f}] |"
+        f"{fmt_spread(q)} |"
     )
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _util import batch_ns, diffs, emit, interleaved, machine, parse_args, spread
+from _util import batch_ns, diffs, emit, fmt_spread, interleaved, machine, parse_args, spread
 from torch.autograd.profiler import record_function
 
 import profkit
@@ -162,14 +162,9 @@ def render(result: dict[str, Any]) -> str:
         "|---|---|",
     ]
     for name, s in result["rows_ns"].items():
-        lines.append(
-            f"| {name} | {s['median']:.0f} [{s['q1']:.0f}-{s['q3']:.0f}] min {s['min']:.0f} |"
-        )
+        lines.append(f"| {name} | {fmt_spread(s, 0)} min {s['min']:.0f} |")
     r = result["ratio_to_record_function"]
-    lines.append(
-        f"| profiled / record_function added cost | {r['median']:.3f} "
-        f"[{r['q1']:.3f}-{r['q3']:.3f}] |"
-    )
+    lines.append(f"| profiled / record_function added cost | {fmt_spread(r, 3)} |")
     return "\n".join(lines)
 
 
