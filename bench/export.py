@@ -32,6 +32,8 @@ from _util import emit, fmt_spread, machine, parse_args, quiet_exporter_settings
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
+from profkit._global import get_session
+from profkit._session import Session
 
 SLOW_EXPORT_S = 0.05
 
@@ -61,33 +63,35 @@ def _events_per_op() -> float:
     return len(prof.profiler.kineto_results.events()) / 1000  # type: ignore[union-attr]
 
 
-def _record_windows(n_ops: int, count: int) -> tuple[profkit.Session, list[Any]]:
+def _record_windows(n_ops: int, count: int) -> tuple[Session, list[Any]]:
     """Windows recorded by the real request path, held back from the worker."""
-    session = profkit.configure(sample_every=1, max_events=50_000, **quiet_exporter_settings())
+    profkit.configure(sample_every=1, max_events=50_000, **quiet_exporter_settings())
+    session = get_session()
+    assert session is not None
     kept: list[Any] = []
-    session._enqueue = lambda win, recorded: kept.append(win)  # type: ignore[method-assign]
+    session.pipeline.offer = kept.append  # type: ignore[method-assign]
     for _ in range(count):
         handler(n_ops)
     return session, kept
 
 
-def _time_windows(session: profkit.Session, windows: list[Any]) -> dict[str, Any]:
-    dispatch = session._dispatch
+def _time_windows(session: Session, windows: list[Any]) -> dict[str, Any]:
+    processor, fanout = session.pipeline.processor, session.pipeline.fanout
     parse, summarise, export, events = [], [], [], []
     for win in windows:
         t1 = time.perf_counter()
-        summary = dispatch.summarise(win)
+        summary = processor.summarise(win)
         t2 = time.perf_counter()
-        ok = summary is not None and dispatch.export(summary)
+        failure = summary if isinstance(summary, str) else fanout.export(summary)
         t3 = time.perf_counter()
-        if not ok:
-            raise RuntimeError(f"window not exported: {dispatch.last_failure}")
+        if failure is not None or isinstance(summary, str):
+            raise RuntimeError(f"window not exported: {failure}")
         win.prof.events()  # reference: torch's own parser on the same window
         t4 = time.perf_counter()
         parse.append(t4 - t3)
         summarise.append(t2 - t1)
         export.append(t3 - t2)
-        events.append(summary.events_total if summary is not None else 0)
+        events.append(summary.events_total)
         win.prof = None
     total = [a + b for a, b in zip(summarise, export, strict=True)]
     return {

@@ -39,6 +39,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
+from profkit._global import get_session
+from profkit._session import Session
 
 LIMIT_MS = 1.5
 
@@ -94,34 +96,36 @@ def _recording(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
 
 
 class _SummariseTimer:
-    """Wraps a session's ``Dispatcher.summarise`` to time it on the worker (bench only)."""
+    """Wraps a session's ``Processor.summarise`` to time it on the worker (bench only)."""
 
-    def __init__(self, session: profkit.Session) -> None:
-        dispatch = session._dispatch
-        self._inner = dispatch.summarise
+    def __init__(self, session: Session) -> None:
+        processor = session.pipeline.processor
+        self._inner = processor.summarise
         self.ms: list[float] = []
         self.events: list[int] = []
-        dispatch.summarise = self  # type: ignore[method-assign]
+        processor.summarise = self  # type: ignore[method-assign]
 
     def __call__(self, win: Any) -> Any:
         t0 = time.perf_counter_ns()
         summary = self._inner(win)
         self.ms.append((time.perf_counter_ns() - t0) / 1e6)
-        if summary is not None:
+        if not isinstance(summary, str):
             self.events.append(summary.events_total)
         return summary
 
 
-def _configure(top_k: int) -> tuple[profkit.Session, _SummariseTimer]:
+def _configure(top_k: int) -> tuple[Session, _SummariseTimer]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-    session = profkit.configure(
+    profkit.configure(
         sample_every=1,
         top_k=top_k,
         exporters=("otel", "log"),
         tracer_provider=provider,
         logger=structlog.wrap_logger(structlog.ReturnLogger()),
     )
+    session = get_session()
+    assert session is not None
     return session, _SummariseTimer(session)
 
 

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import profkit
+from profkit._global import get_session
 
 MB = 1024 * 1024
 
@@ -75,13 +76,14 @@ def soak(calls: int, every: int, warmup: int, checkpoints: int) -> dict[str, Any
         structlog.ReturnLogger(), processors=[structlog.processors.JSONRenderer()]
     )
     counting = CountingExporter()
-    session = profkit.configure(
+    profkit.configure(
         sample_every=every,
         exporters=("otel", "log"),
         tracer_provider=provider,
         logger=logger,
         extra_exporters=(counting,),
     )
+    session = get_session()
 
     @profkit.profiled("predict")
     def predict(x: torch.Tensor) -> torch.Tensor:

@@ -5,13 +5,12 @@ a session that runs one root call in N under ``torch.profiler`` and exports a su
 as OpenTelemetry spans and structlog events.
 """
 
-__version__ = "0.1.0"
-
 from ._api import profiled, region
 from ._config import Config, ProfkitConfigWarning
-from ._global import configure, force_flush, get_config, get_session, shutdown, stats, trigger
+from ._errors import StatsSnapshot
+from ._global import configure, force_flush, get_config, shutdown, stats, trigger
 from ._model import CallSummary, CodeInfo, Diagnosis, OpRow, ScopeSummary, WindowSummary
-from ._session import Session
+from ._version import __version__
 from .exporters import Exporter
 
 __all__ = [
@@ -23,16 +22,32 @@ __all__ = [
     "OpRow",
     "ProfkitConfigWarning",
     "ScopeSummary",
-    "Session",
+    "StatsSnapshot",
     "WindowSummary",
     "__version__",
     "configure",
     "force_flush",
     "get_config",
-    "get_session",
     "profiled",
     "region",
     "shutdown",
     "stats",
     "trigger",
 ]
+
+_DEPRECATED = {
+    "Session": "profkit.Session is internal since 0.2; use the module functions",
+    "get_session": "profkit.get_session() is internal since 0.2; use get_config() and stats()",
+}
+
+
+def __getattr__(name: str) -> object:
+    """``profkit.Session`` and ``profkit.get_session`` still resolve, with a warning."""
+    if name in _DEPRECATED:
+        import warnings
+
+        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
+        from . import _global, _session
+
+        return _session.Session if name == "Session" else _global.get_session
+    raise AttributeError(f"module 'profkit' has no attribute {name!r}")

@@ -18,18 +18,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 import wrapt
 
 from ._model import CodeInfo
-from ._scope import (
-    FRAME,
-    GLOBAL,
-    OFF,
-    Active,
-    ScopeHandle,
-    enter,
-    exit_,
-    root_failed,
-    run_sync,
-    sampled_root,
-)
+from ._scope import FRAME, OFF, ScopeHandle, Stepped, enter, exit_, sync_runner
+
+_get_frame = FRAME.get
 
 __all__ = ["profiled", "region"]
 
@@ -61,57 +52,51 @@ def _kind(func: Any) -> str:
 
 
 def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
+    """The ``wrapt`` wrapper for a kind of callable, built once at decoration time."""
     if kind == "async":
 
         async def async_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            handle = enter(label, attrs, code)
-            if handle is None:
+            entered = enter(label, attrs, code)
+            if entered is None:
                 return await wrapped(*args, **kwargs)
-            return await _run_async(handle, wrapped(*args, **kwargs))
+            return await _run_async(entered, wrapped(*args, **kwargs))
 
         return async_wrapper
     if kind == "gen":
 
         def gen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _drive_gen(wrapped(*args, **kwargs), label, attrs, code)
+            return _drive_gen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
 
         return gen_wrapper
     if kind == "asyncgen":
 
         def agen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _drive_agen(wrapped(*args, **kwargs), label, attrs, code)
+            return _drive_agen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
 
         return agen_wrapper
+    run = sync_runner(label, attrs, code)
 
     def sync_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        # hot path, inlined: an unsampled root or a scope nested in one calls no other function
-        frame = FRAME.get()
-        if frame is None:
-            session = GLOBAL.session
-            if session is None or not session.active:
-                return wrapped(*args, **kwargs)
-        elif not isinstance(frame, Active):
-            return wrapped(*args, **kwargs)
-        return run_sync(label, attrs, code, wrapped, args, kwargs)
+        return run(wrapped, args, kwargs)
 
     return sync_wrapper
 
 
-async def _run_async(handle: ScopeHandle, coro: Any) -> Any:
+async def _run_async(entered: Any, coro: Any) -> Any:
     error: BaseException | None = None
     try:
-        if handle.session is not None and handle.call is not None:
-            handle.call.intervals = []
-            return await _Stepped(coro, handle.call.intervals)
+        if isinstance(entered, ScopeHandle) and entered.session is not None:
+            entered.call.intervals = []  # a sampled root: record when its task runs
+            return await _Intervals(coro, entered.call.intervals)
         return await coro
     except BaseException as exc:
         error = exc
         raise
     finally:
-        exit_(handle, error)
+        exit_(entered, error)
 
 
-class _Stepped:
+class _Intervals:
     """Awaits a coroutine step by step, recording when its task actually ran (epoch ns).
 
     Other tasks' ops on the same thread fall between these intervals, which is how a sampled
@@ -149,32 +134,29 @@ class _Stepped:
                 throw = exc
 
 
-def _drive_gen(gen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
-    """A generator whose scope spans the whole iteration; the frame is set only while it runs."""
-    handle: ScopeHandle | None = None
-    frame: Any = None
-    started = False
+def _drive_gen(gen: Any, scope: Stepped) -> Any:
+    """A generator whose scope spans the whole iteration; its frame is set per step."""
     error: BaseException | None = None
     send: Any = None
     throw: BaseException | None = None
     try:
         while True:
-            if not started:
-                handle, frame = _enter_detached(label, attrs, code)
-                started = True
-            token = FRAME.set(frame) if handle is not None else None
+            token = scope.step_in()
             try:
                 value = gen.throw(throw) if throw is not None else gen.send(send)
             except StopIteration as stop:
                 return stop.value
             finally:
-                if token is not None:
-                    FRAME.reset(token)
+                scope.step_out(token)
             send, throw = None, None
             try:
                 send = yield value
             except GeneratorExit:
-                _with_frame(frame if handle is not None else None, gen.close)
+                token = scope.step_in()
+                try:
+                    gen.close()
+                finally:
+                    scope.step_out(token)
                 raise
             except BaseException as exc:
                 throw = exc
@@ -182,68 +164,32 @@ def _drive_gen(gen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | Non
         error = exc
         raise
     finally:
-        if handle is not None:
-            _exit_detached(handle, error)
+        scope.finish(error)
 
 
-def _with_frame(frame: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` with our frame set, so scopes inside the generator unwind into it."""
-    token = FRAME.set(frame) if frame is not None else None
-    try:
-        return fn()
-    finally:
-        if token is not None:
-            FRAME.reset(token)
-
-
-def _enter_detached(
-    label: str, attrs: dict[str, Any], code: CodeInfo | None
-) -> tuple[ScopeHandle | None, Any]:
-    """Enter a scope, then give the caller its frame back: a generator sets ours per step."""
-    handle = enter(label, attrs, code)
-    if handle is None:
-        return None, None
-    frame = FRAME.get()
-    FRAME.reset(handle.token)
-    handle.token = None
-    return handle, frame
-
-
-def _exit_detached(handle: ScopeHandle, error: BaseException | None) -> None:
-    """Exit a scope whose frame was already restored after each step."""
-    exit_(handle, error if not isinstance(error, GeneratorExit) else None)
-
-
-async def _drive_agen(agen: Any, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
-    handle: ScopeHandle | None = None
-    frame: Any = None
-    started = False
+async def _drive_agen(agen: Any, scope: Stepped) -> Any:
+    """The async generator twin of :func:`_drive_gen` (the same steps, awaited)."""
     error: BaseException | None = None
     send: Any = None
     throw: BaseException | None = None
     try:
         while True:
-            if not started:
-                handle, frame = _enter_detached(label, attrs, code)
-                started = True
-            token = FRAME.set(frame) if handle is not None else None
+            token = scope.step_in()
             try:
                 value = await (agen.athrow(throw) if throw is not None else agen.asend(send))
             except StopAsyncIteration:
                 return
             finally:
-                if token is not None:
-                    FRAME.reset(token)
+                scope.step_out(token)
             send, throw = None, None
             try:
                 send = yield value
             except GeneratorExit:
-                token = FRAME.set(frame) if handle is not None else None
+                token = scope.step_in()
                 try:
                     await agen.aclose()
                 finally:
-                    if token is not None:
-                        FRAME.reset(token)
+                    scope.step_out(token)
                 raise
             except BaseException as exc:
                 throw = exc
@@ -251,8 +197,7 @@ async def _drive_agen(agen: Any, label: str, attrs: dict[str, Any], code: CodeIn
         error = exc
         raise
     finally:
-        if handle is not None:
-            _exit_detached(handle, error)
+        scope.finish(error)
 
 
 def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
@@ -273,39 +218,13 @@ def _plain_function(
     ``wrapt.FunctionWrapper`` costs about 1 µs a call for a plain function (it looks up
     ``__self__`` and builds the AttributeError), the whole off-sample budget; a closure that
     ``functools.wraps`` the function keeps name, docstring, ``__wrapped__`` and signature and
-    binds as a method like any function. The unsampled root path is inlined from ``run_sync``.
+    binds as a method like any function.
     """
+    run = sync_runner(label, attrs, code)
 
     @functools.wraps(func)
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
-        frame = FRAME.get()
-        if frame is None:
-            session = GLOBAL.session
-            if session is None or not session.active:
-                return func(*args, **kwargs)
-            try:
-                call = session.begin_root(label)
-            except Exception as exc:
-                root_failed(session, exc)
-                call = None
-            if call is None:
-                token = FRAME.set(OFF)
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    FRAME.reset(token)
-            handle = sampled_root(session, call, label, attrs, code)
-            error: BaseException | None = None
-            try:
-                return func(*args, **kwargs)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                exit_(handle, error)
-        if frame is OFF:
-            return func(*args, **kwargs)
-        return run_sync(label, attrs, code, func, args, kwargs)
+        return run(func, args, kwargs)
 
     return profiled_call
 
@@ -364,32 +283,31 @@ class region:
     instance between threads or concurrent tasks. The decorator form is always safe.
     """
 
-    __slots__ = ("_attributes", "_handle", "_outer", "label")
+    __slots__ = ("_attributes", "_entered", "_outer", "label")
 
     def __init__(self, name: str, /, **attributes: Any) -> None:
         self.label = name
         self._attributes = attributes
-        self._handle: ScopeHandle | None = None
-        self._outer: list[ScopeHandle | None] | None = None  # only when one object re-enters
+        self._entered: Any = None
+        self._outer: list[Any] | None = None  # only when one object re-enters
 
     def __enter__(self) -> region:
-        if self._handle is None and FRAME.get() is OFF:
+        if self._entered is None and _get_frame() is OFF:
             return self  # nested in an unsampled root call: nothing to record or undo
-        handle = enter(self.label, self._attributes, None)
-        if self._handle is not None:
+        entered = enter(self.label, self._attributes, None)
+        if self._entered is not None:
             if self._outer is None:
                 self._outer = []
-            self._outer.append(self._handle)
-        self._handle = handle
+            self._outer.append(self._entered)
+        self._entered = entered
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        handle = self._handle
-        if handle is None and not self._outer:
+        entered = self._entered
+        if entered is None and not self._outer:
             return
-        self._handle = self._outer.pop() if self._outer else None
-        if handle is not None:
-            exit_(handle, exc)
+        self._entered = self._outer.pop() if self._outer else None
+        exit_(entered, exc)
 
     async def __aenter__(self) -> region:
         return self.__enter__()

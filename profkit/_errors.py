@@ -14,9 +14,9 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["Stats", "guard", "log"]
+__all__ = ["Stats", "StatsSnapshot", "guard", "log"]
 
 log = logging.getLogger("profkit")
 
@@ -24,17 +24,35 @@ log = logging.getLogger("profkit")
 raise_internal = False
 
 
-class Stats:
-    """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns.
+class StatsSnapshot(TypedDict):
+    """What :func:`profkit.stats` returns: the counters of the global session.
 
-    Every root call is exactly one of: ``sampled`` (chosen to be recorded), ``warmup_calls``
-    (run under the profiler and discarded) or ``unsampled`` (run without the profiler,
-    including ``skipped_rate_limit``): ``root_calls == sampled + warmup_calls + unsampled``.
-    Every sampled call ends as exactly one of ``exported``, ``dropped`` (by reason in
-    ``dropped_reasons``), ``skipped_busy`` (another window was open), ``skipped_foreign``
-    (someone else's profiler was running) or still pending: once ``force_flush()`` returned
-    True, ``sampled == exported + dropped + skipped_busy + skipped_foreign``.
+    Every root call is exactly one of ``sampled``, ``warmup_calls`` or ``unsampled``
+    (``skipped_rate_limit`` is part of ``unsampled``). Every sampled call ends as exactly one
+    of ``exported``, ``dropped`` (by reason in ``dropped_reasons``), ``skipped_busy`` or
+    ``skipped_foreign``, or is still pending: once ``force_flush()`` returned True,
+    ``sampled == exported + dropped + skipped_busy + skipped_foreign``.
     """
+
+    root_calls: int
+    sampled: int
+    unsampled: int
+    exported: int
+    dropped: int
+    skipped_busy: int
+    skipped_foreign: int
+    skipped_rate_limit: int
+    warmup_calls: int
+    windows: int
+    errors: int
+    otlp_spans_failed: int
+    """Spans in OTLP batches that failed (reported by ``profkit.exporters.otlp``)."""
+    dropped_reasons: dict[str, int]
+    error_reasons: dict[str, int]
+
+
+class Stats:
+    """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,8 +63,9 @@ class Stats:
         self.error_reasons: Counter[str] = Counter()
         self._logged: set[str] = set()
 
-    def root(self) -> None:
-        next(self.roots)
+    def at_fork_reinit(self) -> None:
+        """In a forked child: fresh counters (and lock); the parent keeps its own."""
+        Stats.__init__(self)
 
     @property
     def root_calls(self) -> int:
@@ -76,10 +95,7 @@ class Stats:
                 exc_info=exc,
             )
 
-    def get(self, name: str) -> int:
-        return self._counts[name]
-
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> StatsSnapshot:
         with self._lock:
             counts = dict(self._counts)
             dropped = dict(self.dropped_reasons)
@@ -87,22 +103,22 @@ class Stats:
         root_calls = self.root_calls
         sampled = counts.get("sampled", 0)
         warmup = counts.get("warmup_calls", 0)
-        return {
-            "root_calls": root_calls,
-            "sampled": sampled,
-            "unsampled": root_calls - sampled - warmup,
-            "exported": counts.get("exported", 0),
-            "dropped": counts.get("dropped", 0),
-            "skipped_busy": counts.get("skipped_busy", 0),
-            "skipped_foreign": counts.get("skipped_foreign", 0),
-            "skipped_rate_limit": counts.get("skipped_rate_limit", 0),
-            "warmup_calls": warmup,
-            "windows": counts.get("windows", 0),
-            "errors": counts.get("errors", 0),
-            "otlp_spans_failed": counts.get("otlp_spans_failed", 0),
-            "dropped_reasons": dropped,
-            "error_reasons": errors,
-        }
+        return StatsSnapshot(
+            root_calls=root_calls,
+            sampled=sampled,
+            unsampled=root_calls - sampled - warmup,
+            exported=counts.get("exported", 0),
+            dropped=counts.get("dropped", 0),
+            skipped_busy=counts.get("skipped_busy", 0),
+            skipped_foreign=counts.get("skipped_foreign", 0),
+            skipped_rate_limit=counts.get("skipped_rate_limit", 0),
+            warmup_calls=warmup,
+            windows=counts.get("windows", 0),
+            errors=counts.get("errors", 0),
+            otlp_spans_failed=counts.get("otlp_spans_failed", 0),
+            dropped_reasons=dropped,
+            error_reasons=errors,
+        )
 
 
 @contextmanager

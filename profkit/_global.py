@@ -1,4 +1,4 @@
-"""Module-level API: the default session that ``profkit.configure()`` installs."""
+"""The default session that ``profkit.configure()`` installs, and the module-level API."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ from typing import Any
 
 from . import _errors
 from ._config import Config, build_config
-from ._errors import Stats
+from ._errors import Stats, StatsSnapshot
 from ._scope import GLOBAL
-from ._session import Session, stop_left_at_exit
+from ._session import Session
+from ._slot import SLOT
 from ._window import started_before_fork
+from .exporters._counters import DEFAULT
 
 __all__ = [
     "configure",
     "force_flush",
+    "get_config",
     "get_session",
+    "install",
     "shutdown",
     "stats",
     "trigger",
@@ -36,35 +40,52 @@ _last = _Last()
 _RETIRE_TIMEOUT = 5.0
 
 
-def configure(**settings: Any) -> Session:
+def configure(**settings: Any) -> Config:
     """Install (or replace) the global session; settings not given come from ``PROFKIT_*``.
+
+    Returns:
+        The settings in effect (also what :func:`get_config` returns).
 
     Raises:
         ValueError: a setting is unknown or out of range; the message names it.
     """
     config = build_config(settings)
-    return install(Session(config))
-
-
-def install(session: Session) -> Session:
-    """Make ``session`` the global one: warm it up, then retire the previous one."""
-    session.start()
-    with _configure_lock:
-        old, GLOBAL.session = GLOBAL.session, session
+    session = Session(config)
+    old = install(session)
     if old is not None:
-        # an idle window of the old session on this thread closes now (it is exported); one in
-        # flight closes when its call ends, one idle on another thread at that thread's next
-        # root call; the old session is flushed off-thread
-        with _errors.guard(old.stats, "retire"):
-            old.release_idle_window()
-        threading.Thread(
-            target=old.shutdown, args=(_RETIRE_TIMEOUT,), name="profkit-retire", daemon=True
-        ).start()
-    return session
+        retire(old)
+    return config
+
+
+def install(session: Session | None) -> Session | None:
+    """Make ``session`` the global one (started first); returns the one it replaced."""
+    if session is not None:
+        session.start()
+    with _configure_lock:
+        old: Session | None = GLOBAL.session
+        GLOBAL.session = session
+        DEFAULT.counters = session.stats if session is not None else None
+        if session is None and old is not None:
+            _last.session = old
+    return old
+
+
+def retire(old: Session) -> None:
+    """Stop a replaced session without holding up the caller.
+
+    An idle window of it on this thread closes now (and is exported); one in flight closes
+    when its call ends, one idle on another thread at that thread's next root call; the
+    old session is flushed and shut down on a background thread.
+    """
+    with _errors.guard(old.stats, "retire"):
+        old.close_idle_window()
+    threading.Thread(
+        target=old.shutdown, args=(_RETIRE_TIMEOUT,), name="profkit-retire", daemon=True
+    ).start()
 
 
 def get_session() -> Session | None:
-    """The global session, or None before ``configure()``."""
+    """The global session, or None before ``configure()`` (internal: tests and helpers)."""
     session: Session | None = GLOBAL.session
     return session
 
@@ -82,7 +103,7 @@ def trigger(n: int = 1) -> None:
         session.trigger(n)
 
 
-def stats() -> dict[str, Any]:
+def stats() -> StatsSnapshot:
     """Counters of the global session.
 
     After ``shutdown()`` they stay those of the session that was shut down (its final
@@ -100,10 +121,7 @@ def force_flush(timeout: float = 5.0) -> bool:
 
 def shutdown(timeout: float = 5.0) -> bool:
     """Flush and stop the global session; later calls run unprofiled. True when all exported."""
-    with _configure_lock:
-        session, GLOBAL.session = GLOBAL.session, None
-        if session is not None:
-            _last.session = session
+    session = install(None)
     return True if session is None else session.shutdown(timeout)
 
 
@@ -120,7 +138,7 @@ def _at_exit() -> None:
         except Exception as exc:  # never turn interpreter exit into a traceback
             _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
     try:
-        stop_left_at_exit()
+        SLOT.stop_left_at_exit()
     except Exception as exc:
         _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
     if started_before_fork():
@@ -135,7 +153,7 @@ def _at_exit() -> None:
 def _after_fork_in_child() -> None:
     session = get_session()
     if session is not None:
-        session.after_fork()
+        session.at_fork_reinit()
 
 
 atexit.register(_at_exit)

@@ -110,13 +110,12 @@ class CallSummary:
     thread_name: str = ""
     trace_path: str | None = None
     events_total: int = 0
-    events_dropped: int = 0
     device_active: bool = False
     diagnosis: Diagnosis | None = None
     trace_id: str = ""
-    """Hex trace id of the call's span once the span exporter made it (else the parent's)."""
+    """Hex trace id of the call's span once the span step made it (else empty)."""
     span_id: str = ""
-    """Hex span id of the call's span once the span exporter made it (else the parent's)."""
+    """Hex span id of the call's span once the span step made it (else empty)."""
 
     @property
     def root(self) -> ScopeSummary:
@@ -134,10 +133,4 @@ class WindowSummary:
     window_id: int
     calls: tuple[CallSummary, ...]
     events_total: int
-    events_dropped: int
     trace_path: str | None = None
-    attribution_note: str = ""
-    extra: Mapping[str, object] = dataclasses.field(default_factory=dict)
-
-    def replace_calls(self, calls: Sequence[CallSummary]) -> WindowSummary:
-        return dataclasses.replace(self, calls=tuple(calls))

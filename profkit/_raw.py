@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["RawEvent", "read_cpu_events"]
+from ._records import RawEvent
+
+__all__ = ["UNDECODABLE", "read_cpu_events"]
 
 try:  # the same name rewrite torch applies ("ProfilerStep#3" -> "ProfilerStep*")
     from torch.autograd import profiler_util as _torch_util
@@ -44,66 +46,6 @@ _FILTERED = frozenset(
         "aten::_version",
     }
 )
-
-
-class _Range:
-    __slots__ = ("end", "start")
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start = start
-        self.end = end
-
-
-class RawEvent:
-    """The ``FunctionEvent`` fields the summary reads, for one CPU event."""
-
-    __slots__ = (
-        "children",
-        "cpu_time_total",
-        "end_us",
-        "flops",
-        "id",
-        "input_shapes",
-        "is_async",
-        "is_user_annotation",
-        "name",
-        "parent",
-        "start_us",
-        "thread",
-    )
-
-    device_type = "DeviceType.CPU"
-    linked_correlation_id = 0
-    self_device_time_total = 0.0
-    device_time_total = 0.0
-    self_cpu_memory_usage = 0
-    self_device_memory_usage = 0
-
-    def __init__(self, k: Any, trace_start_ns: int, name: str, with_shapes: bool) -> None:
-        start_us = (k.start_ns() - trace_start_ns) / 1000
-        end_us = (k.end_ns() - trace_start_ns) / 1000
-        self.name = name
-        self.thread: int = k.start_thread_id()
-        self.start_us = start_us
-        self.end_us = end_us
-        self.cpu_time_total: float = end_us - start_us
-        self.parent: RawEvent | None = None
-        self.children: list[RawEvent] | None = None  # allocated for parents only
-        self.is_async = bool(k.is_async()) or k.start_thread_id() != k.end_thread_id()
-        self.is_user_annotation = bool(k.is_user_annotation())
-        self.id: int = k.correlation_id()
-        self.flops: int = k.flops() or 0
-        self.input_shapes = k.shapes() if with_shapes else None
-
-    @property
-    def time_range(self) -> _Range:
-        return _Range(self.start_us, self.end_us)
-
-    @property
-    def self_cpu_time_total(self) -> float:
-        if self.is_async or not self.children:
-            return 0.0 if self.is_async else self.cpu_time_total
-        return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
 
 
 #: the name given to an event whose name torch hands out as invalid UTF-8

@@ -30,8 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._model import Attribution, AttrValue, CallSummary, OpRow, ScopeSummary
-from ._raw import RawEvent
-from ._window import CallRecord, ScopeRecord
+from ._records import CallRecord, RawEvent, ScopeRecord
 
 __all__ = ["EventView", "build_calls", "clip", "rows_for", "top_rows"]
 

@@ -1,39 +1,43 @@
-"""Drives torch.profiler for one window: start and stop on the sampled call's thread.
+"""One capture: torch.profiler started and stopped on the sampled call's thread, then read.
 
-Only this module touches ``torch.profiler.profile``. It knows how to tell whether a profiler
-someone else started is running (``torch.autograd.profiler._is_profiler_enabled``, a process
-global that both profiler front-ends set), and how to warm the profiler up once per process.
-Parsing events is deliberately absent: that happens on the export worker.
+Only this module touches the ``torch.profiler.profile`` object: start, stop, discard, read
+its events (on the export worker), write its Chrome trace, free it. It knows how to tell
+whether a profiler someone else started is running (``torch.autograd.profiler.
+_is_profiler_enabled``, a process global that both profiler front-ends set), and primes the
+profiler once per process (its first start costs about a second). Which window may run
+when is the slot's business (:mod:`profkit._slot`), not this module's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
 from torch.profiler import ProfilerActivity, profile
 
 from ._config import Config
-from ._model import CodeInfo
+from ._raw import read_cpu_events
+from ._records import CallRecord
 
 __all__ = [
-    "CallRecord",
-    "ScopeRecord",
+    "Unreadable",
     "Window",
+    "WindowEvents",
     "foreign_profiler_active",
+    "make_profiler",
+    "prime",
     "started_before_fork",
-    "warm_up",
 ]
 
-_warmed: set[tuple[str, bool]] = set()
-_warm_lock = threading.Lock()
+_primed: set[tuple[str, bool]] = set()
+_prime_lock = threading.Lock()
 #: the process in which profkit last started a torch profiler (0: none yet)
 _started_in_pid = 0
 #: set in a process forked after profkit had started a profiler (in its parent or earlier)
@@ -57,35 +61,6 @@ def _note_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_note_fork_in_child)
-
-
-@dataclasses.dataclass(slots=True)
-class ScopeRecord:
-    """A scope entered under a sampled call, timed by Python (profiler times replace these)."""
-
-    label: str
-    parent: int
-    attributes: dict[str, Any]
-    code: CodeInfo | None
-    thread: int
-    start_ns: int
-    end_ns: int = 0
-
-
-@dataclasses.dataclass(slots=True)
-class CallRecord:
-    """One root call run under a window; filled on the request path, read by the worker."""
-
-    window: Window
-    index: int
-    policy: str
-    warmup: bool
-    parent_span_context: object | None
-    thread_name: str
-    scopes: list[ScopeRecord] = dataclasses.field(default_factory=list)
-    intervals: list[tuple[int, int]] | None = None
-    error: BaseException | None = None
-    done: bool = False
 
 
 def foreign_profiler_active() -> bool:
@@ -124,21 +99,21 @@ def make_profiler(config: Config) -> profile:
     )
 
 
-def warm_up(config: Config) -> float:
+def prime(config: Config) -> float:
     """Start and stop a profiler once per process and setting, so no request pays ~1 s.
 
-    Returns the seconds it took (0.0 when this process was already warm).
+    Returns the seconds it took (0.0 when this process was already primed).
     """
     key = (config.activities, config.all_threads)
-    with _warm_lock:
-        if key in _warmed or foreign_profiler_active():
+    with _prime_lock:
+        if key in _primed or foreign_profiler_active():
             return 0.0
         global _started_in_pid
         t0 = time.perf_counter()
         prof = make_profiler(config)
         _started_in_pid = os.getpid()
         prof.start()
-        with torch.autograd.profiler.record_function("profkit.warmup"):
+        with torch.autograd.profiler.record_function("profkit.prime"):
             torch.ones(2, 2).add_(1)
         prof.stop()
         # import and run torch's parser once; a parse failure of this throwaway profile (the
@@ -146,12 +121,31 @@ def warm_up(config: Config) -> float:
         # of no consequence: the expensive first start/stop is done
         with contextlib.suppress(Exception):
             prof.events()  # type: ignore[no-untyped-call]
-        _warmed.add(key)
+        _primed.add(key)
         return time.perf_counter() - t0
 
 
+class Unreadable(Exception):
+    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WindowEvents(NamedTuple):
+    """A stopped window's events, ready for the summary builder."""
+
+    raw_count: int
+    """Raw profiler events in the window (before filtering)."""
+    trace_start_ns: int
+    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
+    events: Sequence[Any]
+    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
+
+
 class Window:
-    """One open profiler: the calls recorded under it and the profiler object itself."""
+    """One capture: the profiler object and the root calls recorded under it."""
 
     __slots__ = (
         "__weakref__",
@@ -165,7 +159,6 @@ class Window:
         "owner_thread",
         "prof",
         "started_ns",
-        "stopped_ns",
         "stopped_refs",
     )
 
@@ -180,8 +173,16 @@ class Window:
         self.calls: list[CallRecord] = []
         self.prof: profile | None = None
         self.started_ns = 0
-        self.stopped_ns = 0
         self.stopped_refs = 0
+
+    @property
+    def full(self) -> bool:
+        return self.opened >= self.needed
+
+    @property
+    def recorded(self) -> int:
+        """Calls recorded for export (the ``warmup`` calls are not)."""
+        return sum(1 for c in self.calls if not c.warmup)
 
     def start(self, prof: profile | None = None) -> None:
         """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one."""
@@ -193,14 +194,13 @@ class Window:
         try:
             prof.start()
         except BaseException:
-            _abandon(prof, all_threads=self.config.all_threads)
+            _force_stop(prof, all_threads=self.config.all_threads)
             raise
         self.prof = prof
 
     def stop(self) -> None:
-        """Stop the profiler; the events stay unparsed until the worker asks."""
+        """Stop the profiler; the events stay unparsed until the worker reads them."""
         prof = self.prof
-        self.stopped_ns = time.time_ns()
         if prof is not None:
             try:
                 prof.stop()
@@ -211,17 +211,46 @@ class Window:
                 if foreign_profiler_active() and not _still_enabled_here():
                     _autograd_profiler._is_profiler_enabled = False
 
-    def abandon(self) -> None:
-        """Forget a profiler whose thread is gone (it exited, or this is a forked child).
+    def discard(self) -> None:
+        """Give the window up unread: its thread is gone (it exited, or this is a forked child).
 
         A thread-local profiler's state went with its thread (stopping it from another thread
         only logs torch warnings). An all-threads profiler is process-wide: it is still
         recording every thread and must be stopped here, or it records forever and crashes
         the interpreter's exit. The process-wide flag is cleared either way.
         """
-        self.stopped_ns = time.time_ns()
-        if self.prof is not None:
-            _abandon(self.prof, all_threads=self.config.all_threads)
+        prof, self.prof = self.prof, None
+        self.calls.clear()
+        if prof is not None:
+            _force_stop(prof, all_threads=self.config.all_threads)
+
+    def read(self) -> WindowEvents:
+        """The stopped window's events (on the export worker: parsing costs µs per event).
+
+        Raises:
+            Unreadable: no profile (``no_profile``) or more than ``max_events`` raw events
+                (``too_many_events``).
+        """
+        prof, cfg = self.prof, self.config
+        if prof is None:
+            raise Unreadable("no_profile")
+        kineto = prof.profiler.kineto_results if prof.profiler is not None else None
+        raw = kineto.events() if kineto is not None else []
+        if len(raw) > cfg.max_events:
+            raise Unreadable("too_many_events")
+        trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
+        events: Sequence[Any] | None = None
+        if not cfg.profile_memory:  # memory records need torch's own parser
+            events = read_cpu_events(raw, trace_start, cfg.record_shapes)
+        if events is None:
+            events = list(prof.events())  # type: ignore[no-untyped-call]
+        return WindowEvents(len(raw), trace_start, events)
+
+    def write_chrome_trace(self, path: str) -> None:
+        """Write the stopped window's Chrome/Perfetto trace to ``path`` (torch's own writer)."""
+        if self.prof is None:
+            raise Unreadable("no_profile")
+        self.prof.export_chrome_trace(path)
 
     def release(self) -> None:
         """Free the profile and its parsed events now, not at the next full GC collection.
@@ -234,6 +263,7 @@ class Window:
         else still holds (more references than right after ``stop()``) is left intact.
         """
         prof, self.prof = self.prof, None
+        self.calls.clear()
         inner = getattr(prof, "profiler", None)
         if inner is None or sys.getrefcount(prof) > self.stopped_refs - 1:
             return
@@ -244,16 +274,12 @@ class Window:
             ev.cpu_children = []
             ev.cpu_parent = None
 
-    @property
-    def full(self) -> bool:
-        return self.opened >= self.needed
-
 
 def _still_enabled_here() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
-def _abandon(prof: profile, *, all_threads: bool) -> None:
+def _force_stop(prof: profile, *, all_threads: bool) -> None:
     """Stop what is left of a profiler we give up on: a half-done start, a stranded window.
 
     ``torch._C._autograd._profiler_enabled()`` sees only this thread's profiler, never an

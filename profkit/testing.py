@@ -23,13 +23,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from . import _errors
-from ._global import configure, forget, shutdown
+from ._config import build_config
+from ._errors import Stats, StatsSnapshot
+from ._global import forget, get_session, install, shutdown
 from ._model import CallSummary, WindowSummary
+from ._session import Session
+from .exporters import Exporter
 
 __all__ = ["Capture", "CaptureExporter", "capture", "raise_internal_errors", "reset"]
 
 
-class CaptureExporter:
+class CaptureExporter(Exporter):
     """An exporter that keeps every summary it is given, in memory."""
 
     name = "capture"
@@ -54,7 +58,7 @@ class Capture:
     def __init__(self, exporter: CaptureExporter, spans: InMemorySpanExporter) -> None:
         self.exporter = exporter
         self.span_exporter = spans
-        self.stats: dict[str, Any] = {}
+        self.stats: StatsSnapshot = Stats().snapshot()
 
     @property
     def calls(self) -> list[CallSummary]:
@@ -70,10 +74,12 @@ class Capture:
 
 @contextmanager
 def capture(**settings: Any) -> Iterator[Capture]:
-    """Configure a global session that exports into memory; shut it down (flushed) on exit.
+    """Install a global session that exports into memory; on exit flush it, shut it down and
+    put back the session that was global before (if any).
 
     Spans go to a private TracerProvider with an ``InMemorySpanExporter`` unless
     ``tracer_provider`` is given; ``exporters`` defaults to ``("otel",)`` plus the capture.
+    ``Capture.stats`` holds the session's final counters once the block has ended.
     """
     spans = InMemorySpanExporter()
     provider = settings.pop("tracer_provider", None)
@@ -83,14 +89,23 @@ def capture(**settings: Any) -> Iterator[Capture]:
     exporter = CaptureExporter()
     settings.setdefault("exporters", ("otel",))
     extra = tuple(settings.pop("extra_exporters", ()))
-    session = configure(tracer_provider=provider, extra_exporters=(*extra, exporter), **settings)
+    config = build_config(
+        {"tracer_provider": provider, "extra_exporters": (*extra, exporter), **settings}
+    )
+    session = Session(config)
+    previous = install(session)
     cap = Capture(exporter, spans)
     try:
         yield cap
     finally:
         session.force_flush(10.0)
         cap.stats = session.stats.snapshot()
-        shutdown(10.0)
+        if get_session() is session and previous is None:
+            shutdown(10.0)  # stats() then keeps reporting this session's final counters
+        else:
+            if get_session() is session:
+                install(previous)
+            session.shutdown(10.0)
 
 
 def reset() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 import profkit
 from profkit._config import ENV_VARS, build_config
+from profkit._global import get_session
 
 
 @pytest.mark.parametrize(
@@ -31,15 +32,15 @@ def test_bad_arguments_raise_value_error_naming_the_setting(settings: dict, name
     """Each bad argument raises ValueError whose message names the setting."""
     with pytest.raises(ValueError, match=name):
         profkit.configure(**settings)
-    assert profkit.get_session() is None
+    assert get_session() is None
 
 
 def test_bad_env_var_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """PROFKIT_SAMPLE_EVERY=abc warns, does not raise, and the default applies."""
     monkeypatch.setenv("PROFKIT_SAMPLE_EVERY", "abc")
     with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SAMPLE_EVERY"):
-        session = profkit.configure(exporters=())
-    assert 100 == session.config.every
+        config = profkit.configure(exporters=())
+    assert 100 == config.every
 
 
 def test_env_vars_fill_unset_settings(monkeypatch: pytest.MonkeyPatch) -> None:

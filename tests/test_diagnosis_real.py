@@ -20,6 +20,7 @@ import torch
 from structlog.testing import capture_logs
 
 import profkit
+from profkit._global import get_session
 from profkit._model import CallSummary, Diagnosis
 from profkit.exporters.console import render_call
 from profkit.testing import capture
@@ -210,15 +211,15 @@ def test_bad_threshold_raises_value_error_naming_it(settings: dict[str, Any], na
     """A bad diagnosis threshold is rejected by configure() like any other setting."""
     with pytest.raises(ValueError, match=f"'{name}'"):
         profkit.configure(**settings)
-    assert profkit.get_session() is None
+    assert get_session() is None
 
 
 def test_bad_threshold_env_var_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """PROFKIT_INPUT_BOUND_SHARE=abc warns and the default 0.5 applies."""
     monkeypatch.setenv("PROFKIT_INPUT_BOUND_SHARE", "abc")
     with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_INPUT_BOUND_SHARE"):
-        session = profkit.configure(exporters=())
-    assert 0.5 == session.config.input_bound_share
+        config = profkit.configure(exporters=())
+    assert 0.5 == config.input_bound_share
 
 
 @pytest.mark.timeout(120)

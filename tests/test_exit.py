@@ -18,7 +18,8 @@ def test_idle_window_of_a_replaced_session_is_closed_and_exported() -> None:
     rc, report, err = run_fresh(
         """
         cap = CaptureExporter()
-        old = profkit.configure(sample_every=1, window=3, exporters=(), extra_exporters=(cap,))
+        profkit.configure(sample_every=1, window=3, exporters=(), extra_exporters=(cap,))
+        old = profkit._global.get_session()
         results = [f(), f()]
         profkit.configure(sample_every=1000, exporters=())
         flushed = old.shutdown(10.0)
@@ -40,9 +41,10 @@ def test_all_threads_window_closes_when_its_thread_ends() -> None:
     rc, report, err = run_fresh(
         """
         cap = CaptureExporter()
-        session = profkit.configure(
+        profkit.configure(
             sample_every=1, window=3, all_threads=True, exporters=(), extra_exporters=(cap,)
         )
+        session = profkit._global.get_session()
         worker = threading.Thread(target=lambda: (f(), f()))
         worker.start()
         worker.join()
@@ -62,12 +64,13 @@ def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
     """Where the thread-end hook did not run, the stranded all-threads profiler is stopped."""
     rc, report, err = run_fresh(
         """
-        profkit._session._ThreadEndGuard.__del__ = lambda self: None  # a thread end unseen
-        session = profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
+        profkit._slot._ThreadEndGuard.__del__ = lambda self: None  # a thread end unseen
+        profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
+        session = profkit._global.get_session()
         worker = threading.Thread(target=lambda: (f(), f()))
         worker.start()
         worker.join()
-        session.release_idle_window()
+        session.close_idle_window()
         report(stats=session.stats.snapshot(), flag=torch.autograd.profiler._is_profiler_enabled)
         """
     )
@@ -80,7 +83,8 @@ def test_all_threads_window_idle_on_a_live_thread_at_exit() -> None:
     """A daemon thread holds an idle all-threads window when the interpreter exits."""
     rc, report, err = run_fresh(
         """
-        session = profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
+        profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
+        session = profkit._global.get_session()
         started = threading.Event()
         def serve():
             f(); f()
@@ -120,9 +124,10 @@ def test_thread_per_request_with_open_windows_exports_and_exits_cleanly() -> Non
     rc, report, err = run_fresh(
         """
         cap = CaptureExporter()
-        session = profkit.configure(
+        profkit.configure(
             sample_every=1, window=3, exporters=(), extra_exporters=(cap,)
         )
+        session = profkit._global.get_session()
         for _ in range(6):  # one thread per "request", two calls each: each window ends open
             worker = threading.Thread(target=lambda: (f(), f()))
             worker.start()

@@ -18,7 +18,8 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 import profkit
-from profkit import _dispatch, _raw, _window
+from profkit import _raw, _window
+from profkit._global import get_session
 from profkit.testing import CaptureExporter, capture
 
 pytestmark = pytest.mark.timeout(60)
@@ -211,7 +212,7 @@ def test_summary_builder_meets_odd_events(monkeypatch: pytest.MonkeyPatch) -> No
         return real + _weird_events(real)
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
     with capture(sample_every=1, top_k=50) as cap:
         assert EXPECTED == predict(X)
     (call,) = cap.calls
@@ -231,7 +232,7 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("cannot parse")
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
     with capture(sample_every=1) as cap:
         assert EXPECTED == predict(X)
     assert [] == cap.calls
@@ -247,7 +248,7 @@ def test_fast_event_reader_fails_outright(monkeypatch: pytest.MonkeyPatch) -> No
     def read(*args: Any) -> Any:
         raise RuntimeError("odd kineto event")
 
-    monkeypatch.setattr(_dispatch, "read_cpu_events", read)
+    monkeypatch.setattr(_window, "read_cpu_events", read)
     with capture(sample_every=1) as cap:
         assert EXPECTED == predict(X)
     assert [] == cap.calls
@@ -270,12 +271,12 @@ class _MangledName:
 
 def test_fast_event_reader_meets_an_undecodable_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """An event name that is not UTF-8 becomes a placeholder row; the call is still exported."""
-    real_read = _dispatch.read_cpu_events
+    real_read = _window.read_cpu_events
 
     def read(raw: Any, *args: Any) -> Any:
         return real_read([_MangledName(k) if k.name() == "aten::mm" else k for k in raw], *args)
 
-    monkeypatch.setattr(_dispatch, "read_cpu_events", read)
+    monkeypatch.setattr(_window, "read_cpu_events", read)
     with capture(sample_every=1, top_k=50) as cap:
         assert EXPECTED == predict(X)
     (call,) = cap.calls
@@ -292,12 +293,12 @@ def test_warm_up_survives_a_parse_failure(monkeypatch: pytest.MonkeyPatch) -> No
     def events(self: torch.profiler.profile) -> Any:
         raise UnicodeDecodeError("utf-8", b"\x94", 0, 1, "invalid start byte")
 
-    monkeypatch.setattr(_window, "_warmed", set())
+    monkeypatch.setattr(_window, "_primed", set())
     monkeypatch.setattr(torch.profiler.profile, "events", events)
     with capture(sample_every=1) as cap:  # internal errors raise in tests: none may occur
-        session = profkit.get_session()
+        session = get_session()
         assert session is not None
-        assert session.warmup_seconds > 0
+        assert session.prime_seconds > 0
         assert EXPECTED == predict(X)
     assert 1 == len(cap.calls)
     assert 0 == cap.stats["errors"]
@@ -330,7 +331,7 @@ def test_configure_again_while_a_window_is_open() -> None:
 
     @profkit.profiled("reconfigure")
     def reconfigure() -> float:
-        old = profkit.get_session()
+        old = get_session()
         profkit.configure(sample_every=1, exporters=(), extra_exporters=(second,))
         assert old is not None
         assert _wait_for(lambda: not old.active)  # the old session is shutting down...
@@ -338,9 +339,9 @@ def test_configure_again_while_a_window_is_open() -> None:
         return float(torch.mm(X, X).sum())
 
     with capture(sample_every=1) as cap:
-        old = profkit.get_session()
+        old = get_session()
         assert EXPECTED == reconfigure()
-        new = profkit.get_session()
+        new = get_session()
         assert EXPECTED == predict(X)  # runs under the new session
         assert new is not None
         assert new.force_flush(10.0)
@@ -358,7 +359,8 @@ def test_configure_again_while_a_window_is_open() -> None:
 def test_shutdown_while_calls_are_in_flight() -> None:
     """shutdown() while 4 threads call away: no error, no profiler left on, counts add up."""
     exporter = CaptureExporter()
-    session = profkit.configure(sample_every=2, exporters=(), extra_exporters=(exporter,))
+    profkit.configure(sample_every=2, exporters=(), extra_exporters=(exporter,))
+    session = get_session()
     stop = threading.Event()
     done = collections.Counter[int]()
     errors: list[BaseException] = []
@@ -385,7 +387,7 @@ def test_shutdown_while_calls_are_in_flight() -> None:
             t.join(30)
     stats = session.stats.snapshot()
     assert [] == errors
-    assert profkit.get_session() is None
+    assert get_session() is None
     assert autograd_profiler._is_profiler_enabled is False
     assert stats["windows"] > 0
     assert _reconciled(stats)
@@ -402,7 +404,8 @@ def test_calls_after_shutdown_run_unprofiled() -> None:
         seen.append(bool(autograd_profiler._is_profiler_enabled))
         return 5
 
-    session = profkit.configure(sample_every=1, exporters=())
+    profkit.configure(sample_every=1, exporters=())
+    session = get_session()
     assert 5 == probe()
     profkit.shutdown(5.0)
     assert [5] * 3 == [probe() for _ in range(3)]
@@ -429,8 +432,8 @@ def test_bad_env_var_warns_and_uses_default(monkeypatch: pytest.MonkeyPatch) -> 
     """PROFKIT_SAMPLE_EVERY=abc warns, does not raise, and the default 1-in-100 applies."""
     monkeypatch.setenv("PROFKIT_SAMPLE_EVERY", "abc")
     with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SAMPLE_EVERY"):
-        session = profkit.configure(exporters=())
-    assert session.config.sample_every is None
-    assert 100 == session.config.every
+        config = profkit.configure(exporters=())
+    assert config.sample_every is None
+    assert 100 == config.every
     assert [EXPECTED] * 101 == [predict(X) for _ in range(101)]
     assert 2 == profkit.stats()["sampled"]

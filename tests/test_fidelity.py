@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import profkit
-from profkit import _dispatch
+from profkit import _processing, _window
 from profkit._window import Window
 from profkit.testing import capture
 
@@ -20,13 +20,13 @@ REL = 1e-6
 def profiles(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Keep every window's torch profiler, which the session otherwise releases after export."""
     kept: list[Any] = []
-    original = _dispatch.Dispatcher.summarise
+    original = _processing.Processor.summarise
 
-    def summarise(self: _dispatch.Dispatcher, win: Window) -> Any:
+    def summarise(self: _processing.Processor, win: Window) -> Any:
         kept.append(win.prof)
         return original(self, win)
 
-    monkeypatch.setattr(_dispatch.Dispatcher, "summarise", summarise)
+    monkeypatch.setattr(_processing.Processor, "summarise", summarise)
     return kept
 
 
@@ -79,7 +79,7 @@ def test_every_row_matches_key_averages(
     torch's own ``prof.events()`` (used for memory and device profiles).
     """
     if reader == "torch":
-        monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)
+        monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)
     call = _run(mlp, batch, top_k=10_000, record_shapes=by_shapes)
     (prof,) = profiles
     labels = {s.label for s in call.scopes}

@@ -19,6 +19,7 @@ import torch
 from fresh_interpreter import run_fresh
 
 import profkit
+from profkit._global import get_session
 from profkit.testing import capture
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -81,7 +82,7 @@ def _wait(pid: int, deadline: float) -> tuple[int, int | None]:
 
 
 def _child_run_sampled_calls() -> dict[str, Any]:
-    session = profkit.get_session()
+    session = get_session()
     assert session is not None
     fresh = profkit.stats()
     exporter = session.config.extra_exporters[0]

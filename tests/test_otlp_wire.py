@@ -21,6 +21,7 @@ from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan
 
 import profkit
 from profkit._errors import Stats
+from profkit._global import get_session
 from profkit.exporters.otlp import CountingSpanExporter, otlp_span_processor
 
 torch.manual_seed(0)
@@ -134,7 +135,8 @@ def test_stopped_receiver_breaks_nothing_and_drops_are_counted(
         # which would keep receiving; a collector that goes away takes them all with it
         kwargs["headers"] = {"Connection": "close"}
     provider, memory = _provider(otlp_span_processor(protocol, **kwargs))
-    session = profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+    profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+    session = get_session()
     for _ in range(2):
         assert torch.equal(EXPECTED, predict(BATCH))
     assert profkit.force_flush(10.0)
@@ -234,7 +236,8 @@ def test_counting_exporter_counts_into_the_current_session() -> None:
     """With no target it counts into the global session current at export time, else nowhere."""
     exporter = CountingSpanExporter(FakeExporter([SpanExportResult.FAILURE] * 2))
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # no session: nothing to count
-    session = profkit.configure(sample_every=1, exporters=())
+    profkit.configure(sample_every=1, exporters=())
+    session = get_session()
     assert exporter.export(_spans(5)) is SpanExportResult.FAILURE
     assert session.stats.snapshot()["otlp_spans_failed"] == 5
     assert profkit.stats()["otlp_spans_failed"] == 5

@@ -14,8 +14,8 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 
 import profkit
-from profkit import _dispatch, _session
-from profkit._raw import RawEvent
+from profkit import _pipeline, _window
+from profkit._records import RawEvent
 from profkit.testing import capture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def test_finished_windows_do_not_keep_their_events_alive(
 ) -> None:
     """Events of exported windows are freed (profkit's raw reader and torch's parser alike)."""
     if reader == "torch":
-        monkeypatch.setattr(_dispatch, "read_cpu_events", lambda *a: None)
+        monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)
     windows = 75
     x = torch.randn(32, 64)
 
@@ -86,5 +86,5 @@ def test_finished_windows_do_not_keep_their_events_alive(
     assert windows == len(cap.calls)
     assert per_window > 0
     # at most the windows since the last periodic collection are still waiting to be freed
-    assert _session._GC_EVERY <= 30
+    assert _pipeline._GC_EVERY <= 30
     assert live <= 30 * per_window

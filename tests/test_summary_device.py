@@ -17,8 +17,8 @@ from torch.autograd import DeviceType
 from profkit._config import Config
 from profkit._diagnosis import Thresholds, diagnose
 from profkit._model import CallSummary
+from profkit._records import CallRecord, ScopeRecord
 from profkit._summary import build_calls
-from profkit._window import CallRecord, ScopeRecord
 
 TRACE_START_NS = 1_700_000_000_000_000_000
 THREAD = 1

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import profkit
+from profkit._global import get_session
 from profkit.testing import capture
 
 THREADS = 16
@@ -115,7 +116,7 @@ def test_threads_with_warmup_and_multi_call_windows_reconcile() -> None:
     """With warm-up calls and 3-call windows the buckets still add up to the root calls."""
     errors: list[BaseException] = []
     with capture(sample_every=EVERY, window=3, warmup=1) as cap:
-        session = profkit.get_session()
+        session = get_session()
         assert session is not None
         _run_threads(errors)
     # a window whose thread exited before it filled is let go of (and counted) at shutdown

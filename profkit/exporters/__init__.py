@@ -9,8 +9,10 @@ Built-in, by name in ``configure(exporters=...)``:
 * ``"console"``: a readable table per call on stderr; ``"json"``: one JSON line per call on
   stdout (:mod:`profkit.exporters.console`).
 
-Any object with ``export(summary)`` (and optionally ``force_flush(timeout)`` and
-``shutdown()``) can be passed in ``configure(extra_exporters=[...])``.
+Your own: subclass :class:`Exporter` and pass instances in
+``configure(extra_exporters=[...])``. Spans are made first, whatever the order of the
+exporters: every exporter receives summaries whose calls carry their span's ``trace_id`` and
+``span_id`` when ``"otel"`` is on.
 
 Shipping spans to a collector is the TracerProvider's job:
 :func:`profkit.exporters.otlp.otlp_span_processor` builds an OTLP ``BatchSpanProcessor`` that
@@ -19,45 +21,34 @@ counts failed exports into ``profkit.stats()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._config import Config
     from .._model import WindowSummary
 
-__all__ = ["Exporter", "build_exporters"]
+__all__ = ["Exporter"]
 
 
-@runtime_checkable
-class Exporter(Protocol):
-    """Receives summaries on the export worker; may be slow, may fail: both are contained."""
+class Exporter:
+    """Base class of exporters: receives summaries on profkit's export thread.
 
-    name: str
+    Each exporter runs on a thread of its own, so one that is slow or hangs is cut off after
+    ``export_timeout`` (and skipped while still stuck) without holding up the others; what
+    it raises is counted, never propagated. ``force_flush`` and ``shutdown`` get what is
+    left of the caller's deadline.
+    """
+
+    #: the name used in ``stats()`` reasons (``export_error:<name>``); defaults to the class
+    name: str = ""
 
     def export(self, summary: WindowSummary) -> None:
         """Ship one window's calls somewhere."""
-        ...
+        raise NotImplementedError
 
+    def force_flush(self, timeout: float = 5.0) -> bool:
+        """Deliver what is buffered within ``timeout`` seconds; True when all went out."""
+        return True
 
-def build_exporters(config: Config) -> list[Any]:
-    """The exporters named in ``config.exporters`` followed by ``config.extra_exporters``."""
-    out: list[Any] = []
-    for name in config.exporters:
-        if name == "otel":
-            from .otel import SpanExporter
-
-            out.append(SpanExporter(config))
-        elif name == "log":
-            from .logs import LogExporter
-
-            out.append(LogExporter(config))
-        elif name == "console":
-            from .console import ConsoleExporter
-
-            out.append(ConsoleExporter())
-        elif name == "json":
-            from .console import JsonLinesExporter
-
-            out.append(JsonLinesExporter())
-    out.extend(config.extra_exporters)
-    return out
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Release resources; called once, with what is left of ``shutdown()``'s deadline."""
+        return None

@@ -1,7 +1,8 @@
 """Chrome / Perfetto trace files: one per window, owner-only, under a retention limit.
 
 Files are written on the export worker with ``torch.profiler``'s own
-``export_chrome_trace`` inside a private ``mkdtemp`` directory, optionally gzip-compressed,
+``export_chrome_trace`` (handed in by the window, the one module that touches the profiler)
+inside a private ``mkdtemp`` directory, optionally gzip-compressed,
 set to mode 0600 and renamed into place as ``profkit-<epoch ns>-w<window id>.json[.gz]``.
 After each write the oldest files beyond ``trace_max_files`` or ``trace_max_bytes`` are
 removed. Nothing is written outside ``trace_dir``.
@@ -15,9 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any
-
-from .._config import Config
+from collections.abc import Callable
 
 __all__ = ["TraceFileWriter"]
 
@@ -27,16 +26,15 @@ _PREFIX = "profkit-"
 class TraceFileWriter:
     """Writes and prunes the trace files of one session."""
 
-    def __init__(self, config: Config) -> None:
-        assert config.trace_dir is not None
-        self.directory = os.path.abspath(config.trace_dir)
-        self.gzip = config.trace_gzip
-        self.max_files = config.trace_max_files
-        self.max_bytes = config.trace_max_bytes
+    def __init__(self, directory: str, *, compress: bool, max_files: int, max_bytes: int) -> None:
+        self.directory = os.path.abspath(directory)
+        self.gzip = compress
+        self.max_files = max_files
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
 
-    def write(self, prof: Any, window_id: int) -> str:
-        """Write ``prof``'s trace; return the final path."""
+    def write(self, write_trace: Callable[[str], None], window_id: int) -> str:
+        """Have ``write_trace(path)`` write a window's trace; return its final path."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         suffix = ".json.gz" if self.gzip else ".json"
         final = os.path.join(self.directory, f"{_PREFIX}{time.time_ns()}-w{window_id}{suffix}")
@@ -45,7 +43,7 @@ class TraceFileWriter:
         scratch = tempfile.mkdtemp(prefix=".profkit-", dir=self.directory)
         try:
             path = os.path.join(scratch, "trace.json")
-            prof.export_chrome_trace(path)
+            write_trace(path)
             if self.gzip:
                 packed = path + ".gz"
                 fd = os.open(packed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

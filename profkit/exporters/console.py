@@ -8,6 +8,7 @@ import threading
 from typing import IO
 
 from .._model import CallSummary, WindowSummary
+from . import Exporter
 from ._rows import call_fields
 
 __all__ = ["ConsoleExporter", "JsonLinesExporter", "render_call"]
@@ -47,7 +48,7 @@ def _depth(call: CallSummary, index: int) -> int:
     return depth
 
 
-class ConsoleExporter:
+class ConsoleExporter(Exporter):
     """Prints :func:`render_call` for every sampled call (stderr by default)."""
 
     name = "console"
@@ -64,7 +65,7 @@ class ConsoleExporter:
             stream.flush()
 
 
-class JsonLinesExporter:
+class JsonLinesExporter(Exporter):
     """Writes one JSON object per sampled call (stdout by default)."""
 
     name = "json"

@@ -1,7 +1,7 @@
 """Structured log events through structlog: ``profkit.profile`` per call, ``profkit.op`` per row.
 
-Both carry ``trace_id`` and ``span_id`` in OTel's hex form (the call's own span when the span
-exporter ran first, else the request's span), so a log backend joins them to the trace. The
+Both carry ``trace_id`` and ``span_id`` in OTel's hex form (the call's own span when spans are
+on, else the request's span), so a log backend joins them to the trace. The
 host application's structlog configuration (processors, renderer) applies unchanged.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import structlog
 
-from .._config import Config
 from .._model import CallSummary, WindowSummary
+from . import Exporter
 from ._rows import call_fields, op_dict
 
 __all__ = ["LogExporter"]
@@ -27,13 +27,13 @@ def _ids(call: CallSummary) -> dict[str, str]:
     return {}
 
 
-class LogExporter:
+class LogExporter(Exporter):
     """Emits one ``profkit.profile`` event and ``top_k`` ``profkit.op`` events per call."""
 
     name = "log"
 
-    def __init__(self, config: Config) -> None:
-        self._logger = config.logger
+    def __init__(self, logger: Any = None) -> None:
+        self._logger = logger
 
     def export(self, summary: WindowSummary) -> None:
         logger = self._logger if self._logger is not None else structlog.get_logger("profkit")

@@ -16,13 +16,16 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from .._config import Config
 from .._model import CallSummary, OpRow, ScopeSummary, WindowSummary
+from .._version import __version__
+from . import Exporter
 
 __all__ = ["SpanExporter", "op_attributes", "scope_attributes"]
 
 #: OTel's default span attribute count limit; profkit stays under it
 _MAX_SPAN_ATTRIBUTES = 128
+#: longest flush wait handed to a provider (an infinite timeout is capped here)
+_MAX_FLUSH_S = 86_400.0
 #: longest per-op array on a span
 _MAX_ROWS = 32
 
@@ -81,8 +84,6 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
         "profkit.call.index": call.call_index,
         "profkit.events.total": call.events_total,
     }
-    if call.events_dropped:
-        attrs["profkit.events.dropped"] = call.events_dropped
     if call.trace_path:
         attrs["profkit.trace.path"] = call.trace_path
     d = call.diagnosis
@@ -97,25 +98,30 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
     return attrs
 
 
-class SpanExporter:
-    """Makes the spans of each sampled call through a TracerProvider (global by default)."""
+class SpanExporter(Exporter):
+    """Makes the spans of each sampled call through a TracerProvider (global by default).
+
+    It is the pipeline's first step, not an exporter among others: :meth:`emit` returns the
+    summary with each call's trace and span ids, which every other exporter then receives.
+    """
 
     name = "otel"
 
-    def __init__(self, config: Config) -> None:
-        self._provider = config.tracer_provider
+    def __init__(self, tracer_provider: Any = None) -> None:
+        self._provider = tracer_provider
 
     def _tracer(self) -> trace.Tracer:
-        from .. import __version__
-
         # resolved per export: the host may install its provider after profkit.configure()
         return trace.get_tracer("profkit", __version__, tracer_provider=self._provider)
 
-    def export(self, summary: WindowSummary) -> WindowSummary:
+    def emit(self, summary: WindowSummary) -> WindowSummary:
         """Emit the spans; returns the summary with each call's trace and span ids filled in."""
         tracer = self._tracer()
         calls = [self._export_call(tracer, call) for call in summary.calls]
-        return summary.replace_calls(calls)
+        return dataclasses.replace(summary, calls=tuple(calls))
+
+    def export(self, summary: WindowSummary) -> None:
+        self.emit(summary)
 
     def _export_call(self, tracer: trace.Tracer, call: CallSummary) -> CallSummary:
         parent = call.parent_span_context
@@ -151,9 +157,9 @@ class SpanExporter:
             span_id=trace.format_span_id(sc.span_id),
         )
 
-    def force_flush(self, timeout: float) -> bool:
+    def force_flush(self, timeout: float = 5.0) -> bool:
         provider = self._provider or trace.get_tracer_provider()
         flush = getattr(provider, "force_flush", None)
         if flush is None:
             return True
-        return bool(flush(int(timeout * 1000)))
+        return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))

@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from .._errors import Stats
+from ._counters import DEFAULT, Counters
 
 __all__ = ["PROTOCOLS", "CountingSpanExporter", "otlp_span_processor"]
 
@@ -48,25 +48,17 @@ class CountingSpanExporter(SpanExporter):
 
     Args:
         inner: the exporter that talks to the collector.
-        counting_into: a ``profkit.Session`` (or its ``stats``) to count into; None
-            counts into whichever global profkit session is current at export time, and
-            into nothing when there is none.
+        counting_into: the counters to count into (an object with ``add(name, n)`` and
+            ``error(reason, exc)``); None counts into the global profkit session current at
+            export time, and into nothing when there is none.
     """
 
-    def __init__(self, inner: SpanExporter, counting_into: Any = None) -> None:
+    def __init__(self, inner: SpanExporter, counting_into: Counters | None = None) -> None:
         self.inner = inner
         self._into = counting_into
 
-    def _stats(self) -> Stats | None:
-        target = self._into
-        if target is None:
-            from .._global import get_session
-
-            target = get_session()
-        if target is None or isinstance(target, Stats):
-            return target
-        stats: Stats = target.stats
-        return stats
+    def _counters(self) -> Counters | None:
+        return self._into if self._into is not None else DEFAULT.counters
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         error: BaseException | None = None
@@ -75,7 +67,7 @@ class CountingSpanExporter(SpanExporter):
         except Exception as exc:  # a broken exporter must not kill the processor's thread
             error, result = exc, SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
-            stats = self._stats()
+            stats = self._counters()
             if stats is not None:
                 stats.add(SPANS_FAILED, len(spans))
                 stats.error(FAILED_REASON, error)
@@ -118,7 +110,7 @@ def _exporter_class(protocol: str) -> Any:
 
 
 def otlp_span_processor(
-    protocol: str | None = None, *, counting_into: Any = None, **exporter_kwargs: Any
+    protocol: str | None = None, *, counting_into: Counters | None = None, **exporter_kwargs: Any
 ) -> BatchSpanProcessor:
     """A ``BatchSpanProcessor`` that ships spans over OTLP and counts failed exports.
 

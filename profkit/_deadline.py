@@ -1,0 +1,35 @@
+"""One deadline shared by every step of a flush or shutdown, infinite timeouts included."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+__all__ = ["Deadline"]
+
+
+class Deadline:
+    """A point in ``time.monotonic()`` time; ``timeout`` may be ``math.inf`` ("wait")."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self, timeout: float) -> None:
+        self._end = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+
+    def left(self) -> float:
+        """Seconds left (0.0 once passed; ``math.inf`` for an infinite deadline)."""
+        return max(0.0, self._end - time.monotonic())
+
+    def wait_arg(self) -> float | None:
+        """What to pass as ``timeout=`` to a lock, event, condition or join: None means wait.
+
+        The standard library raises ``OverflowError`` for a timeout beyond
+        ``threading.TIMEOUT_MAX`` (about 292 years), infinity included.
+        """
+        left = self.left()
+        return None if left > threading.TIMEOUT_MAX else left
+
+    @property
+    def passed(self) -> bool:
+        return self._end <= time.monotonic()

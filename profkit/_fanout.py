@@ -1,0 +1,216 @@
+"""Fan-out: one summary to every exporter, spans first, each exporter on its own runner.
+
+The span step runs before any exporter: it makes the spans and returns the summary with
+each call's trace and span ids, which every exporter then receives (so log events carry
+the call's span id whatever the order of ``exporters``). Each exporter runs on a daemon
+thread of its own, so one that hangs is cut off by ``export_timeout`` (and skipped while it
+is still stuck) without holding up the others. ``flush`` and ``shutdown`` share the
+caller's one deadline across all exporters.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._config import Config
+from ._deadline import Deadline
+from ._errors import Stats
+from ._model import WindowSummary
+from .exporters import Exporter
+from .exporters.console import ConsoleExporter, JsonLinesExporter
+from .exporters.logs import LogExporter
+from .exporters.otel import SpanExporter
+
+__all__ = ["Fanout", "build_exporters"]
+
+#: an exporter's shutdown() is called even after the deadline passed, and waited for this long
+_MIN_SHUTDOWN_S = 0.01
+
+
+class _Adapted(Exporter):
+    """An object with ``export()`` that does not subclass :class:`Exporter` (duck-typed).
+
+    Its optional ``force_flush`` and ``shutdown`` are looked up once, here.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.name = str(getattr(target, "name", "") or type(target).__name__)
+        self._flush = getattr(target, "force_flush", None)
+        self.flushes = self._flush is not None
+        self._stop = getattr(target, "shutdown", None)
+        self._stop_takes_timeout = self._stop is not None and _takes_argument(self._stop)
+
+    def export(self, summary: WindowSummary) -> None:
+        self.target.export(summary)
+
+    def force_flush(self, timeout: float = 5.0) -> bool:
+        return True if self._flush is None else self._flush(timeout) is not False
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self._stop is not None:
+            self._stop(timeout) if self._stop_takes_timeout else self._stop()
+
+
+def _flushes(exporter: Exporter) -> bool:
+    """Whether ``exporter`` has a ``force_flush`` of its own (else there is nothing to flush)."""
+    if isinstance(exporter, _Adapted):
+        return exporter.flushes
+    return type(exporter).force_flush is not Exporter.force_flush
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        return bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+
+
+def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]]:
+    """The span step ("otel" in ``exporters``) and the other exporters, in order."""
+    spans: SpanExporter | None = None
+    out: list[Exporter] = []
+    for name in config.exporters:
+        if name == "otel":
+            spans = SpanExporter(config.tracer_provider)
+        elif name == "log":
+            out.append(LogExporter(config.logger))
+        elif name == "console":
+            out.append(ConsoleExporter())
+        elif name == "json":
+            out.append(JsonLinesExporter())
+    out.extend(e if isinstance(e, Exporter) else _Adapted(e) for e in config.extra_exporters)
+    return spans, out
+
+
+class _Runner:
+    """A daemon thread that runs one exporter's calls, so a hang can be timed out.
+
+    The thread starts on the first call: a forked child (a DataLoader worker, a pre-fork
+    server's worker) that never exports never starts one. After :meth:`close` it exits as
+    soon as the call it is running (if any) returns.
+    """
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+        self.name = exporter.name or type(exporter).__name__
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.busy = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, done, box = job
+            try:
+                box.append(fn())
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                self.busy.clear()
+                done.set()
+
+    def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
+        """Run ``fn`` on the runner: (finished in time, result or exception)."""
+        if self._closed:  # e.g. force_flush() on a session that was shut down
+            return True, RuntimeError(f"exporter {self.name!r} was shut down")
+        if self.busy.is_set():
+            return False, TimeoutError(f"exporter {self.name!r} still busy with an earlier call")
+        if timeout is not None and timeout <= 0:
+            return False, TimeoutError(f"no time left for exporter {self.name!r}")
+        done = threading.Event()
+        box: list[Any] = []
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"profkit-{self.name}", daemon=True
+            )
+            self._thread.start()
+        self.busy.set()
+        self._jobs.put((fn, done, box))
+        if not done.wait(timeout):
+            return False, TimeoutError(f"exporter {self.name!r} took longer than {timeout}s")
+        return True, box[0]
+
+    def close(self) -> None:
+        self._closed = True
+        if self._thread is not None:
+            self._jobs.put(None)
+
+
+class Fanout:
+    """Owns the exporters of a session: export one summary, flush, shut down."""
+
+    def __init__(
+        self,
+        stats: Stats,
+        spans: SpanExporter | None,
+        exporters: Sequence[Exporter],
+        export_timeout: float,
+    ) -> None:
+        self.stats = stats
+        self._timeout = export_timeout
+        self._spans = _Runner(spans) if spans is not None else None
+        self._runners = [_Runner(e) for e in exporters]
+
+    def _all(self) -> list[_Runner]:
+        return ([self._spans] if self._spans is not None else []) + self._runners
+
+    def export(self, summary: WindowSummary) -> str | None:
+        """Spans first, then every exporter; None when all took it, else the last failure."""
+        failure = None
+        if self._spans is not None:
+            spans = self._spans.exporter
+            assert isinstance(spans, SpanExporter)
+            result = self._run(self._spans, functools.partial(spans.emit, summary))
+            if isinstance(result, WindowSummary):
+                summary = result  # calls now carry their span's trace and span ids
+            else:
+                failure = result
+        for runner in self._runners:
+            result = self._run(runner, functools.partial(runner.exporter.export, summary))
+            if isinstance(result, str):
+                failure = result
+        return failure
+
+    def _run(self, runner: _Runner, fn: Callable[[], Any]) -> Any:
+        """``fn``'s result, or the drop reason (a str) when it failed or timed out."""
+        finished, result = runner.call(fn, self._timeout)
+        if finished and not isinstance(result, BaseException):
+            return result
+        reason = f"{'export_error' if finished else 'export_timeout'}:{runner.name}"
+        self.stats.error(reason, result)
+        return reason
+
+    def flush(self, deadline: Deadline) -> bool:
+        """Flush every exporter within the one deadline; True when all succeeded."""
+        ok = True
+        for runner in self._all():
+            if not _flushes(runner.exporter):
+                continue  # nothing buffered: even one still stuck in export() has no flush
+            flush = functools.partial(runner.exporter.force_flush, deadline.left())
+            finished, result = runner.call(flush, deadline.wait_arg())
+            if not finished or isinstance(result, BaseException) or result is False:
+                ok = False
+        return ok
+
+    def shutdown(self, deadline: Deadline) -> None:
+        """Shut every exporter down within the one deadline; runner threads then exit."""
+        for runner in self._all():
+            wait = deadline.wait_arg()  # at least a moment each, as a courtesy to fast ones
+            wait = None if wait is None else max(wait, _MIN_SHUTDOWN_S)
+            runner.call(functools.partial(runner.exporter.shutdown, deadline.left()), wait)
+            runner.close()
+
+    def at_fork_reinit(self) -> None:
+        """In a forked child: the runner threads did not survive the fork; new ones, lazily."""
+        if self._spans is not None:
+            self._spans = _Runner(self._spans.exporter)
+        self._runners = [_Runner(r.exporter) for r in self._runners]

@@ -1,0 +1,203 @@
+"""The export pipeline: a bounded queue of stopped windows, one worker thread, flush, shutdown.
+
+Shaped like OpenTelemetry's ``BatchProcessor``: one object owns the queue, the thread, the
+count of calls not yet exported, and its own re-initialisation in a forked child. Unlike it,
+flush and shutdown share ONE deadline across every step (waiting for the queue, the worker,
+each exporter), and a hung exporter is still cut off (see :mod:`profkit._fanout`).
+
+Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported``, or
+``dropped`` with a reason (``queue_full``, ``shutdown``, or what processing reported).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from ._deadline import Deadline
+from ._errors import Stats, guard
+from ._fanout import Fanout
+from ._processing import Processor
+from ._window import Window
+
+__all__ = ["ExportPipeline"]
+
+_STOP = object()
+#: collect garbage on the worker every this many windows (torch's repeated sessions leak cycles)
+_GC_EVERY = 25
+#: seconds the worker waits after taking a window before it summarises it
+_HANDOFF_GRACE_S = 0.001
+
+
+class ExportPipeline:
+    """Queue, worker and flush/shutdown for the stopped windows of one session."""
+
+    def __init__(
+        self,
+        stats: Stats,
+        processor: Processor,
+        fanout: Fanout,
+        queue_size: int,
+        after_each: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.stats = stats
+        self.processor = processor
+        self.fanout = fanout
+        self._queue_size = queue_size
+        #: runs on the worker after each window (the session builds its next profiler there)
+        self._after_each = after_each
+        self._init_state()
+        reinit = weakref.WeakMethod(self._at_fork_reinit)
+        os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
+
+    def _init_state(self) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=self._queue_size)
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # orders offer() against shutdown()
+        self._closed = False
+        self._pending = 0  # recorded calls handed off and not yet counted
+        self._idle = threading.Condition()
+        self._windows_done = 0
+
+    def _at_fork_reinit(self) -> None:
+        """In a forked child: the worker did not survive the fork; start clean (lazily)."""
+        self._init_state()
+        self.fanout.at_fork_reinit()
+
+    # -- request path -----------------------------------------------------------------------
+
+    def offer(self, win: Window) -> None:
+        """Queue a stopped window for export, or count its calls as dropped."""
+        recorded = win.recorded
+        with self._lock:
+            if self._closed:
+                self._drop(win, "shutdown", recorded)
+                return
+            with self._idle:
+                self._pending += recorded  # before the worker can take (and count) it
+            try:
+                self._queue.put_nowait(win)
+            except queue.Full:
+                with self._idle:
+                    self._pending -= recorded
+                self._drop(win, "queue_full", recorded)
+                return
+            self._ensure_worker()
+
+    def _drop(self, win: Window, reason: str, recorded: int) -> None:
+        win.release()
+        if recorded:
+            self.stats.drop(reason, recorded)
+
+    def start(self) -> None:
+        """Start the worker now (``configure()``), so the first sampled call does not."""
+        with self._lock:
+            self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        """Start the worker unless it runs (call with ``_lock`` held)."""
+        if self._worker is None and not self._closed:
+            self._worker = threading.Thread(target=self._run, name="profkit-export", daemon=True)
+            self._worker.start()
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, Window)
+            # let the thread that handed the window off return from its call first: woken
+            # at once, the worker takes the GIL at the call's next release (freeing a tensor
+            # can release it) and the sampled request waits out a whole switch interval
+            time.sleep(_HANDOFF_GRACE_S)
+            self._handle(item)
+
+    def _handle(self, win: Window) -> None:
+        recorded = win.recorded
+        try:
+            reason: str | None = "worker_error"
+            with guard(self.stats, "worker"):
+                reason = self._export(win)
+            if reason is None:
+                self.stats.add("exported", recorded)
+            elif recorded:
+                self.stats.drop(reason, recorded)
+        finally:
+            win.release()  # events and kineto results freed now, by reference counting
+            self._windows_done += 1
+            if self._windows_done % _GC_EVERY == 0:
+                # young generations only: what release() leaves in cycles is small, and a
+                # full collection holds the GIL (every request thread) for hundreds of ms
+                gc.collect(1)
+            with self._idle:
+                self._pending -= recorded
+                self._idle.notify_all()
+            self._after_each()
+
+    def _export(self, win: Window) -> str | None:
+        """Summarise and export one window: None when every exporter took it, else why not."""
+        summary = self.processor.summarise(win)
+        if isinstance(summary, str):
+            return summary
+        if not summary.calls:
+            return None
+        return self.fanout.export(summary)
+
+    # -- control ----------------------------------------------------------------------------
+
+    def force_flush(self, deadline: Deadline) -> bool:
+        """Wait until every handed-off window is counted, then flush the exporters."""
+        with self._idle:
+            while self._pending > 0:
+                if deadline.passed:
+                    return False
+                self._idle.wait(deadline.wait_arg())
+        return self.fanout.flush(deadline)
+
+    def shutdown(self, deadline: Deadline) -> bool:
+        """Flush, then stop the worker and the exporters; True when everything was exported.
+
+        Whatever is still queued at the deadline is counted as dropped ("shutdown"). The
+        worker exits once its current window is done, even one held up by a hung exporter.
+        """
+        flushed = self.force_flush(deadline)
+        with self._lock:
+            self._closed = True
+            worker = self._worker
+        left_behind = self._drain()
+        if left_behind:
+            flushed = False
+        if worker is not None:
+            self._queue.put(_STOP)  # drained and closed: there is room
+            worker.join(deadline.wait_arg())
+        self.fanout.shutdown(deadline)
+        return flushed
+
+    def _drain(self) -> int:
+        """Count what the worker has not taken yet as dropped; returns how many calls."""
+        total = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return total
+            if isinstance(item, Window):
+                n = item.recorded
+                self._drop(item, "shutdown", n)
+                total += n
+                with self._idle:
+                    self._pending -= n
+                    self._idle.notify_all()
+
+
+def _call_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    fn = method()
+    if fn is not None:
+        fn()

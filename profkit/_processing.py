@@ -1,0 +1,72 @@
+"""Processing on the export worker: one stopped window to one summary.
+
+Read the window's events (:meth:`Window.read`), build the per-call summaries
+(:mod:`profkit._summary`), write the Chrome trace file when asked, diagnose each call
+(:mod:`profkit._diagnosis`). Nothing here runs on a request's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._config import Config
+from ._diagnosis import Thresholds, diagnose
+from ._errors import Stats, guard
+from ._model import CallSummary, WindowSummary
+from ._summary import build_calls
+from ._window import Unreadable, Window
+from .exporters.chrome import TraceFileWriter
+
+__all__ = ["Processor"]
+
+
+class Processor:
+    """Turns the stopped windows of one session into :class:`WindowSummary` objects."""
+
+    def __init__(self, config: Config, stats: Stats) -> None:
+        self.config = config
+        self.stats = stats
+        self._thresholds = Thresholds.from_config(config)
+        self._trace_files = (
+            TraceFileWriter(
+                config.trace_dir,
+                compress=config.trace_gzip,
+                max_files=config.trace_max_files,
+                max_bytes=config.trace_max_bytes,
+            )
+            if config.trace_dir
+            else None
+        )
+
+    def summarise(self, win: Window) -> WindowSummary | str:
+        """The window's summary, or the reason its calls are dropped."""
+        try:
+            read = win.read()
+        except Unreadable as exc:
+            return exc.reason
+        cfg = self.config
+        calls = build_calls(
+            win.id,
+            win.calls,
+            read.events,
+            read.trace_start_ns,
+            top_k=cfg.top_k,
+            by_shapes=cfg.record_shapes,
+            all_threads=cfg.all_threads,
+            limit=cfg.max_attribute_length,
+            max_attributes=cfg.max_attributes,
+        )
+        trace_path = None
+        if self._trace_files is not None:
+            with guard(self.stats, "trace_file"):
+                trace_path = self._trace_files.write(win.write_chrome_trace, win.id)
+        done = tuple(self._finish(c, trace_path, read.raw_count) for c in calls)
+        return WindowSummary(win.id, done, read.raw_count, trace_path)
+
+    def _finish(self, call: CallSummary, trace_path: str | None, events: int) -> CallSummary:
+        diagnosis = None
+        with guard(self.stats, "diagnosis"):
+            diagnosis = diagnose(call, self._thresholds)
+        return dataclasses.replace(
+            call, trace_path=trace_path, events_total=events, diagnosis=diagnosis
+        )

@@ -1,0 +1,107 @@
+"""Plain records with no torch: what the request path fills and the worker reads.
+
+``ScopeRecord`` and ``CallRecord`` are written on the request path by the scope and the
+session; ``RawEvent`` is one profiler event as profkit's own reader gives it to the summary.
+Nothing here imports torch, so the summary builder is testable on synthetic records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ._model import CodeInfo
+
+if TYPE_CHECKING:
+    from ._window import Window
+
+__all__ = ["CallRecord", "RawEvent", "ScopeRecord"]
+
+
+@dataclasses.dataclass(slots=True)
+class ScopeRecord:
+    """A scope entered under a sampled call, timed by Python (profiler times replace these)."""
+
+    label: str
+    parent: int
+    attributes: dict[str, Any]
+    code: CodeInfo | None
+    thread: int
+    start_ns: int
+    end_ns: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class CallRecord:
+    """One root call run under a window; filled on the request path, read by the worker."""
+
+    window: Window
+    index: int
+    policy: str
+    warmup: bool
+    parent_span_context: object | None
+    thread_name: str
+    scopes: list[ScopeRecord] = dataclasses.field(default_factory=list)
+    intervals: list[tuple[int, int]] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class _Range:
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start = start
+        self.end = end
+
+
+class RawEvent:
+    """The ``FunctionEvent`` fields the summary reads, for one CPU event."""
+
+    __slots__ = (
+        "children",
+        "cpu_time_total",
+        "end_us",
+        "flops",
+        "id",
+        "input_shapes",
+        "is_async",
+        "is_user_annotation",
+        "name",
+        "parent",
+        "start_us",
+        "thread",
+    )
+
+    device_type = "DeviceType.CPU"
+    linked_correlation_id = 0
+    self_device_time_total = 0.0
+    device_time_total = 0.0
+    self_cpu_memory_usage = 0
+    self_device_memory_usage = 0
+
+    def __init__(self, k: Any, trace_start_ns: int, name: str, with_shapes: bool) -> None:
+        start_us = (k.start_ns() - trace_start_ns) / 1000
+        end_us = (k.end_ns() - trace_start_ns) / 1000
+        self.name = name
+        self.thread: int = k.start_thread_id()
+        self.start_us = start_us
+        self.end_us = end_us
+        self.cpu_time_total: float = end_us - start_us
+        self.parent: RawEvent | None = None
+        self.children: list[RawEvent] | None = None  # allocated for parents only
+        self.is_async = bool(k.is_async()) or k.start_thread_id() != k.end_thread_id()
+        self.is_user_annotation = bool(k.is_user_annotation())
+        self.id: int = k.correlation_id()
+        self.flops: int = k.flops() or 0
+        self.input_shapes = k.shapes() if with_shapes else None
+
+    @property
+    def time_range(self) -> _Range:
+        return _Range(self.start_us, self.end_us)
+
+    @property
+    def self_cpu_time_total(self) -> float:
+        if self.is_async or not self.children:
+            return 0.0 if self.is_async else self.cpu_time_total
+        return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
