@@ -65,13 +65,13 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
     if kind == "gen":
 
         def gen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _drive_gen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
+            return _drive(wrapped(*args, **kwargs), Stepped(label, attrs, code), final=True)
 
         return gen_wrapper
     if kind == "asyncgen":
 
         def agen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _drive_agen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
+            return _SteppedAsyncGen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
 
         return agen_wrapper
     run = sync_runner(label, attrs, code)
@@ -134,8 +134,13 @@ class _Intervals:
                 throw = exc
 
 
-def _drive_gen(gen: Any, scope: Stepped) -> Any:
-    """A generator whose scope spans the whole iteration; its frame is set per step."""
+def _drive(it: Any, scope: Stepped, final: bool) -> Any:
+    """Run a generator-protocol iterator to its end, its scope's frame set only while it runs.
+
+    Yields what ``it`` yields, passes on what is sent or thrown in, returns what it returns.
+    It drives a decorated generator itself (``final``: the scope ends with it) and each step
+    of a decorated async generator (the ``__await__`` of its ``asend``/``athrow``/``aclose``).
+    """
     error: BaseException | None = None
     send: Any = None
     throw: BaseException | None = None
@@ -143,7 +148,7 @@ def _drive_gen(gen: Any, scope: Stepped) -> Any:
         while True:
             token = scope.step_in()
             try:
-                value = gen.throw(throw) if throw is not None else gen.send(send)
+                value = it.throw(throw) if throw is not None else it.send(send)
             except StopIteration as stop:
                 return stop.value
             finally:
@@ -154,7 +159,7 @@ def _drive_gen(gen: Any, scope: Stepped) -> Any:
             except GeneratorExit:
                 token = scope.step_in()
                 try:
-                    gen.close()
+                    it.close()
                 finally:
                     scope.step_out(token)
                 raise
@@ -164,40 +169,63 @@ def _drive_gen(gen: Any, scope: Stepped) -> Any:
         error = exc
         raise
     finally:
-        scope.finish(error)
+        if final:
+            scope.finish(error)
 
 
-async def _drive_agen(agen: Any, scope: Stepped) -> Any:
-    """The async generator twin of :func:`_drive_gen` (the same steps, awaited)."""
-    error: BaseException | None = None
-    send: Any = None
-    throw: BaseException | None = None
-    try:
-        while True:
-            token = scope.step_in()
-            try:
-                value = await (agen.athrow(throw) if throw is not None else agen.asend(send))
-            except StopAsyncIteration:
-                return
-            finally:
-                scope.step_out(token)
-            send, throw = None, None
-            try:
-                send = yield value
-            except GeneratorExit:
-                token = scope.step_in()
-                try:
-                    await agen.aclose()
-                finally:
-                    scope.step_out(token)
-                raise
-            except BaseException as exc:
-                throw = exc
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        scope.finish(error)
+class _SteppedAsyncGen:
+    """A decorated async generator: each ``asend``/``athrow``/``aclose`` runs in its scope.
+
+    The steps are driven by :func:`_drive`, the same driver as a decorated generator's; the
+    scope ends when the async generator does (exhausted, raised or closed).
+    """
+
+    __slots__ = ("_agen", "_scope")
+
+    def __init__(self, agen: Any, scope: Stepped) -> None:
+        self._agen = agen
+        self._scope = scope
+
+    def __aiter__(self) -> _SteppedAsyncGen:
+        return self
+
+    def __anext__(self) -> Any:
+        return self._step(self._agen.asend(None), closing=False)
+
+    def asend(self, value: Any) -> Any:
+        return self._step(self._agen.asend(value), closing=False)
+
+    def athrow(self, *exc: Any) -> Any:
+        return self._step(self._agen.athrow(*exc), closing=False)
+
+    def aclose(self) -> Any:
+        return self._step(self._agen.aclose(), closing=True)
+
+    async def _step(self, awaitable: Any, closing: bool) -> Any:
+        try:
+            result = await _InScope(awaitable, self._scope)
+        except StopAsyncIteration:
+            self._scope.finish(None)
+            raise
+        except BaseException as exc:
+            self._scope.finish(exc)
+            raise
+        if closing:
+            self._scope.finish(None)
+        return result
+
+
+class _InScope:
+    """An awaitable run by :func:`_drive` (its frame set per step, the scope left open)."""
+
+    __slots__ = ("_awaitable", "_scope")
+
+    def __init__(self, awaitable: Any, scope: Stepped) -> None:
+        self._awaitable = awaitable
+        self._scope = scope
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return _drive(self._awaitable.__await__(), self._scope, final=False)
 
 
 def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:

@@ -69,7 +69,7 @@ class Config:
     """Op rows kept per scope; the rest is folded into one "other" row."""
 
     max_events: int = 20_000
-    """Profiler events summarised per window; a larger window is cut and counted."""
+    """Most profiler events a window may hold; a larger one is dropped (``too_many_events``)."""
 
     queue_size: int = 16
     """Stopped windows waiting for the export worker; a full queue drops and counts."""

@@ -274,5 +274,7 @@ class Stepped:
 
     def finish(self, error: BaseException | None) -> None:
         """The generator is done (returned, raised or closed): end the scope."""
-        if self._entered is not None:
-            exit_(self._entered, error if not isinstance(error, GeneratorExit) else None)
+        entered, self._entered = self._entered, None  # once, however the generator ended
+        self._frame = None
+        if entered is not None:
+            exit_(entered, error if not isinstance(error, GeneratorExit) else None)

@@ -48,39 +48,50 @@ def _depth(call: CallSummary, index: int) -> int:
     return depth
 
 
-class ConsoleExporter(Exporter):
+class _StreamExporter(Exporter):
+    """Writes each sampled call, rendered, to a text stream (resolved at export time)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def _default_stream(self) -> IO[str]:
+        raise NotImplementedError
+
+    def _render(self, call: CallSummary) -> str:
+        raise NotImplementedError
+
+    def export(self, summary: WindowSummary) -> None:
+        stream = self._stream or self._default_stream()
+        with self._lock:
+            for call in summary.calls:
+                stream.write(self._render(call))
+            stream.flush()
+
+
+class ConsoleExporter(_StreamExporter):
     """Prints :func:`render_call` for every sampled call (stderr by default)."""
 
     name = "console"
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
+    def _default_stream(self) -> IO[str]:
+        return sys.stderr
 
-    def export(self, summary: WindowSummary) -> None:
-        stream = self._stream or sys.stderr
-        with self._lock:
-            for call in summary.calls:
-                stream.write(render_call(call) + "\n\n")
-            stream.flush()
+    def _render(self, call: CallSummary) -> str:
+        return render_call(call) + "\n\n"
 
 
-class JsonLinesExporter(Exporter):
+class JsonLinesExporter(_StreamExporter):
     """Writes one JSON object per sampled call (stdout by default)."""
 
     name = "json"
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
+    def _default_stream(self) -> IO[str]:
+        return sys.stdout
 
-    def export(self, summary: WindowSummary) -> None:
-        stream = self._stream or sys.stdout
-        with self._lock:
-            for call in summary.calls:
-                record = {"event": "profkit.profile", **call_fields(call)}
-                if call.trace_id:
-                    record["trace_id"] = call.trace_id
-                    record["span_id"] = call.span_id
-                stream.write(json.dumps(record, default=str) + "\n")
-            stream.flush()
+    def _render(self, call: CallSummary) -> str:
+        record = {"event": "profkit.profile", **call_fields(call)}
+        if call.trace_id:
+            record["trace_id"] = call.trace_id
+            record["span_id"] = call.span_id
+        return json.dumps(record, default=str) + "\n"
