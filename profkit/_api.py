@@ -18,7 +18,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 import wrapt
 
 from ._model import CodeInfo
-from ._scope import FRAME, OFF, ScopeHandle, Stepped, enter, exit_, sync_runner
+from ._scope import FRAME, OFF, Active, Stepped, enter, exit_, sync_runner
+from ._slot import SLOT
 
 _get_frame = FRAME.get
 
@@ -56,10 +57,19 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
     if kind == "async":
 
         async def async_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            entered = enter(label, attrs, code)
-            if entered is None:
-                return await wrapped(*args, **kwargs)
-            return await _run_async(entered, wrapped(*args, **kwargs))
+            entered = error = None
+            try:
+                entered = enter(label, attrs, code)
+                coro = wrapped(*args, **kwargs)
+                if isinstance(entered, Active) and entered.session is not None:
+                    entered.call.intervals = []  # a sampled root: record when its task runs
+                    return await _Intervals(coro, entered.call.intervals)
+                return await coro
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                exit_(entered, error)
 
         return async_wrapper
     if kind == "gen":
@@ -82,25 +92,12 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
     return sync_wrapper
 
 
-async def _run_async(entered: Any, coro: Any) -> Any:
-    error: BaseException | None = None
-    try:
-        if isinstance(entered, ScopeHandle) and entered.session is not None:
-            entered.call.intervals = []  # a sampled root: record when its task runs
-            return await _Intervals(coro, entered.call.intervals)
-        return await coro
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        exit_(entered, error)
-
-
 class _Intervals:
     """Awaits a coroutine step by step, recording when its task actually ran (epoch ns).
 
     Other tasks' ops on the same thread fall between these intervals, which is how a sampled
-    coroutine's summary keeps only its own ops.
+    coroutine's summary keeps only its own ops. Each step is a checkpoint for
+    ``max_window_s``.
     """
 
     __slots__ = ("_coro", "_intervals")
@@ -114,6 +111,7 @@ class _Intervals:
         send: Any = None
         throw: BaseException | None = None
         while True:
+            SLOT.checkpoint()
             t0 = time.time_ns()
             try:
                 yielded = coro.throw(throw) if throw is not None else coro.send(send)
@@ -134,7 +132,7 @@ class _Intervals:
                 throw = exc
 
 
-def _drive(it: Any, scope: Stepped, final: bool) -> Any:
+def _drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
     """Run a generator-protocol iterator to its end, its scope's frame set only while it runs.
 
     Yields what ``it`` yields, passes on what is sent or thrown in, returns what it returns.
@@ -154,6 +152,8 @@ def _drive(it: Any, scope: Stepped, final: bool) -> Any:
             finally:
                 scope.step_out(token)
             send, throw = None, None
+            if final:
+                scope.suspended()
             try:
                 send = yield value
             except GeneratorExit:

@@ -68,6 +68,9 @@ class Config:
     top_k: int = 10
     """Op rows kept per scope; the rest is folded into one "other" row."""
 
+    max_window_s: float = 1.0
+    """Seconds a window may record; past it, it stops at profkit's next checkpoint (truncated)."""
+
     max_events: int = 20_000
     """Most profiler events a window may hold; a larger one is dropped (``too_many_events``)."""
 
@@ -215,7 +218,7 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, _is_int(value) and value >= 1, value, "must be an int >= 1")
     elif name == "warmup":
         _check(name, _is_int(value) and value >= 0, value, "must be an int >= 0")
-    elif name in ("export_timeout", "launch_bound_op_us"):
+    elif name in ("export_timeout", "launch_bound_op_us", "max_window_s"):
         _check(name, _is_num(value) and value > 0, value, "must be a number > 0")
     elif name in ("input_bound_share", "compute_bound_top2_share"):
         _check(name, _is_num(value) and 0 < value <= 1, value, "must be a number in (0, 1]")

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypedDict
 
-__all__ = ["Stats", "StatsSnapshot", "guard", "log"]
+__all__ = ["Stats", "StatsSnapshot", "foreign", "guard", "log"]
 
 log = logging.getLogger("profkit")
 
@@ -121,12 +122,48 @@ class Stats:
         )
 
 
+def foreign(exc: BaseException) -> bool:
+    """True when ``exc`` is not profkit's to handle: raised by a Python signal handler.
+
+    A handler's exception (a SIGALRM request timeout, say) can land on any bytecode, inside
+    profkit's own code too; it belongs to the application and must reach it unchanged. Its
+    traceback passes through the handler's frame, which is how it is told apart. Only the
+    exception path pays for this check.
+    """
+    handlers = set()
+    for signum in signal.valid_signals():
+        try:
+            code = getattr(signal.getsignal(signum), "__code__", None)
+        except (ValueError, OSError):  # pragma: no cover - a signal Python cannot query
+            continue
+        if code is not None:
+            handlers.add(code)
+    if not handlers:
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def internal(stats: Stats, reason: str, exc: Exception) -> None:
+    """Count an exception caught in profkit's code, unless it is the application's.
+
+    Re-raises a :func:`foreign` exception (and, under profkit's test suite, every one).
+    """
+    if foreign(exc):
+        raise exc
+    stats.error(reason, exc)
+    if raise_internal:
+        raise exc
+
+
 @contextmanager
 def guard(stats: Stats, reason: str) -> Iterator[None]:
-    """Run an internal step; count, log once and swallow whatever it raises."""
+    """Run an internal step; count, log once and swallow what it raises (if profkit's)."""
     try:
         yield
     except Exception as exc:
-        stats.error(reason, exc)
-        if raise_internal:
-            raise
+        internal(stats, reason, exc)

@@ -110,6 +110,9 @@ class CallSummary:
     thread_name: str = ""
     trace_path: str | None = None
     events_total: int = 0
+    truncated: str | None = None
+    """Why the window stopped before the call ended: "max_window_s" (it ran too long),
+    "first_step" (a generator that may resume on another thread), or None (complete)."""
     device_active: bool = False
     diagnosis: Diagnosis | None = None
     trace_id: str = ""

@@ -8,6 +8,7 @@ Nothing here imports torch, so the summary builder is testable on synthetic reco
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 from ._model import CodeInfo
@@ -29,6 +30,25 @@ class ScopeRecord:
     thread: int
     start_ns: int
     end_ns: int = 0
+    rf: Any = None
+    """The scope's open ``record_function`` range (None once closed, or never opened)."""
+
+    def close(self) -> Exception | None:
+        """Close the range and take the end time, once; returns what the range's exit raised.
+
+        Called on the scope's exit, and for every open scope when its window is cut short.
+        """
+        rf, self.rf = self.rf, None
+        failure: Exception | None = None
+        try:
+            if rf is not None:
+                rf.__exit__(None, None, None)
+        except Exception as exc:
+            failure = exc
+        finally:
+            if self.end_ns == 0:
+                self.end_ns = time.time_ns()
+        return failure
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +65,19 @@ class CallRecord:
     intervals: list[tuple[int, int]] | None = None
     error: BaseException | None = None
     done: bool = False
+    """The root call has ended."""
+    stopped: bool = False
+    """Nothing more is recorded for this call: it ended, or its window was cut short."""
+    truncated: str | None = None
+    """Why the window stopped before the call ended ("max_window_s", "first_step", ...)."""
+
+    def close_scopes(self) -> Exception | None:
+        """Close every scope still open, innermost first; returns a failure, if any."""
+        failure: Exception | None = None
+        for record in reversed(self.scopes):
+            if record.end_ns == 0 or record.rf is not None:
+                failure = record.close() or failure
+        return failure
 
 
 class _Range:

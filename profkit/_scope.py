@@ -12,6 +12,12 @@ generators). :func:`sync_runner` is the same logic for a synchronous call, inlin
 the hot path (an off-sample call then runs no other Python function but ``begin_root``).
 :class:`Stepped` keeps a scope open across the steps of a generator or async generator.
 Off-sample, no torch function is called at all.
+
+An exception raised by a signal handler (a SIGALRM timeout) can land on any bytecode, in
+here too. So the frame is restored by value, never from a token that the exception may
+have kept from being stored; every step that changes state runs inside the ``try`` that
+undoes it; and an exception that is not profkit's always propagates
+(:func:`profkit._errors.foreign`).
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ from torch.autograd.profiler import record_function
 from . import _errors
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
+from ._slot import SLOT
 
 __all__ = [
     "FRAME",
     "GLOBAL",
     "OFF",
     "Active",
-    "ScopeHandle",
     "Stepped",
     "enter",
     "exit_",
@@ -53,13 +59,19 @@ OFF: Any = _Off()
 
 
 class Active:
-    """Frame value inside a sampled call: the call and the index of the innermost scope."""
+    """Frame value inside a sampled call: the call, the innermost scope and the frame before.
 
-    __slots__ = ("call", "scope")
+    It is also what :func:`enter` returns for a sampled scope: :func:`exit_` closes that
+    scope, restores ``parent`` and, for the root (``session`` set), ends the root call.
+    """
 
-    def __init__(self, call: CallRecord, scope: int) -> None:
+    __slots__ = ("call", "parent", "scope", "session")
+
+    def __init__(self, call: CallRecord, scope: int, parent: Active | None, session: Any) -> None:
         self.call = call
         self.scope = scope
+        self.parent = parent
+        self.session = session
 
 
 FRAME: ContextVar[Any] = ContextVar("profkit_frame", default=None)
@@ -77,122 +89,137 @@ class _Global:
 GLOBAL = _Global()
 
 
-class ScopeHandle:
-    """A scope inside a sampled call: what :func:`exit_` must close."""
-
-    __slots__ = ("call", "record", "record_fn", "session", "token")
-
-    def __init__(self, call: CallRecord, session: Any) -> None:
-        self.token: Any = None
-        self.session = session  # set for the root call only: its exit ends the root call
-        self.call = call
-        self.record: ScopeRecord | None = None
-        self.record_fn: Any = None
-
-
-#: what :func:`enter` returns: a sampled scope, the token of an unsampled root, or nothing
-Entered = ScopeHandle | Token[Any] | None
-
-
 def _begin_root(session: Any, label: str) -> CallRecord | None:
     """``session.begin_root`` with its failures counted: the call then runs unsampled."""
     try:
         call: CallRecord | None = session.begin_root(label)
     except Exception as exc:
-        session.stats.error("begin_root", exc)
-        if _errors.raise_internal:
-            raise
+        _errors.internal(session.stats, "begin_root", exc)
         return None
     return call
 
 
-def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Entered:
-    """Enter a scope in the current context; pass what it returns to :func:`exit_`."""
+def _open(
+    call: CallRecord,
+    parent: Active | None,
+    session: Any,
+    label: str,
+    attributes: dict[str, Any],
+    code: CodeInfo | None,
+) -> Active:
+    """Record a scope of a sampled call, make it the frame, open its ``record_function``."""
+    record = ScopeRecord(
+        label,
+        parent.scope if parent is not None else -1,
+        attributes,
+        code,
+        threading.get_ident(),
+        time.time_ns(),
+    )
+    active = Active(call, len(call.scopes), parent, session)
+    call.scopes.append(record)
+    FRAME.set(active)
+    SLOT.checkpoint()
+    if call.stopped:
+        return active  # the checkpoint just cut the window short: nothing to record
+    try:
+        rf = record_function(label)
+        rf.__enter__()  # type: ignore[no-untyped-call]
+        record.rf = rf
+    except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope
+        _count(session, "record_function", exc)
+    return active
+
+
+def _count(session: Any, reason: str, exc: Exception) -> None:
+    session = session or GLOBAL.session
+    if session is not None:
+        _errors.internal(session.stats, reason, exc)
+    elif _errors.foreign(exc) or _errors.raise_internal:
+        raise exc
+
+
+def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
+    """Enter a scope in the current context; pass what it returns to :func:`exit_`.
+
+    Returns None (nothing to undo), ``OFF`` (an unsampled root call) or an :class:`Active`.
+    """
     frame = FRAME.get()
     if frame is None:
         session = GLOBAL.session
         if session is None or not session.active:
             return None
-        call = _begin_root(session, label)
-        if call is None:
-            return FRAME.set(OFF)
-        return _open(call, session, -1, label, attributes, code)
-    if frame is OFF or frame.call.done:
+        call = None
+        try:
+            FRAME.set(OFF)
+            call = _begin_root(session, label)
+            if call is None:
+                return OFF
+            return _open(call, None, session, label, attributes, code)
+        except BaseException as exc:
+            _abort_root(call, session, exc)
+            raise
+    if frame is OFF or frame.call.stopped:
         return None
-    return _open(frame.call, None, frame.scope, label, attributes, code)
-
-
-def _open(
-    call: CallRecord,
-    session: Any,
-    parent: int,
-    label: str,
-    attributes: dict[str, Any],
-    code: CodeInfo | None,
-) -> ScopeHandle:
-    """Record a scope of a sampled call and open its ``record_function`` range."""
-    handle = ScopeHandle(call, session)
-    record = ScopeRecord(label, parent, attributes, code, threading.get_ident(), time.time_ns())
-    index = len(call.scopes)
-    call.scopes.append(record)
-    handle.record = record
-    handle.token = FRAME.set(Active(call, index))
     try:
-        rf = record_function(label)
-        rf.__enter__()  # type: ignore[no-untyped-call]
-        handle.record_fn = rf
-    except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope
-        _count_error(session, "record_function", exc)
-    return handle
+        return _open(frame.call, frame, None, label, attributes, code)
+    except BaseException:
+        _abort_nested(frame)
+        raise
 
 
-def _count_error(session: Any, reason: str, exc: Exception) -> None:
-    session = session or GLOBAL.session
-    if session is not None:
-        session.stats.error(reason, exc)
-    if _errors.raise_internal:
-        raise exc
+def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:
+    """Undo a root call whose entry was interrupted, from what the frame says happened."""
+    frame = FRAME.get()
+    FRAME.set(None)
+    if call is None and isinstance(frame, Active):
+        call = frame.call
+    if call is not None:
+        _end_root(session, call, error)
 
 
-def exit_(entered: Entered, error: BaseException | None) -> None:
-    """Leave a scope entered by :func:`enter`: label closed, frame restored, root call ended."""
+def _abort_nested(frame: Active) -> None:
+    """Undo a nested scope whose entry was interrupted: close what it recorded, if anything."""
+    now = FRAME.get()
+    FRAME.set(frame)
+    if isinstance(now, Active) and now is not frame and now.call is frame.call:
+        frame.call.scopes[now.scope].close()
+
+
+def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) -> None:
+    """Leave a scope entered by :func:`enter`: range closed, frame restored, root call ended.
+
+    ``restore=False`` leaves the frame alone (a generator's scope, whose frame is set only
+    while it runs, ends in whatever context finishes it).
+    """
     if entered is None:
         return
-    if type(entered) is Token:
-        _reset(entered)
+    if entered is OFF:
+        if restore:
+            FRAME.set(None)
         return
-    assert isinstance(entered, ScopeHandle)
-    handle = entered
+    call = entered.call
     try:
-        if handle.record_fn is not None:
-            try:
-                handle.record_fn.__exit__(None, None, None)
-            except Exception as exc:
-                _count_error(handle.session, "record_function", exc)
-        if handle.record is not None:
-            handle.record.end_ns = time.time_ns()
+        failure = call.scopes[entered.scope].close()
+        if failure is not None:
+            _count(entered.session, "record_function", failure)
     finally:
-        if handle.token is not None:
-            _reset(handle.token)
-        if handle.session is not None:
-            _end_root(handle.session, handle.call, error)
-
-
-def _reset(token: Token[Any]) -> None:
-    # a scope exited in another context (a generator resumed elsewhere): nothing to restore
-    try:  # noqa: SIM105  # contextlib.suppress builds an object per scope exit
-        FRAME.reset(token)
-    except ValueError:
-        pass
+        if restore:
+            FRAME.set(entered.parent)
+        if entered.session is not None:
+            _end_root(entered.session, call, error)
+        elif not call.stopped:
+            SLOT.checkpoint()
 
 
 def _end_root(session: Any, call: CallRecord, error: BaseException | None) -> None:
     try:
+        failure = call.close_scopes()  # scopes an interrupted exit left open
         session.end_root(call, error)
+        if failure is not None:
+            raise failure
     except Exception as exc:
-        session.stats.error("end_root", exc)
-        if _errors.raise_internal:
-            raise
+        _errors.internal(session.stats, "end_root", exc)
 
 
 def sync_runner(
@@ -200,8 +227,8 @@ def sync_runner(
 ) -> Callable[[Callable[..., Any], Any, Any], Any]:
     """``run(fn, args, kwargs)`` calls ``fn`` in a scope: :func:`enter` and :func:`exit_`, inlined.
 
-    An unsampled root call sets the frame to ``OFF`` and allocates nothing: a synchronous
-    call starts and ends in one context, so the token is reset without a guard.
+    An unsampled root call sets the frame to ``OFF`` and allocates nothing; the frame is
+    set back to ``None`` by value (a signal's exception may keep a token from being stored).
     """
 
     def run(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -210,26 +237,38 @@ def sync_runner(
             session = GLOBAL.session
             if session is None or not session.active:
                 return fn(*args, **kwargs)
-            call = _begin_root(session, label)
-            if call is None:
-                token = FRAME.set(OFF)
-                try:
+            call = entered = error = None
+            try:
+                FRAME.set(OFF)
+                call = _begin_root(session, label)
+                if call is None:
                     return fn(*args, **kwargs)
-                finally:
-                    FRAME.reset(token)
-            handle = _open(call, session, -1, label, attributes, code)
-        elif frame is OFF or frame.call.done:
+                entered = _open(call, None, session, label, attributes, code)
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                if call is None:
+                    FRAME.set(None)
+                elif entered is not None:
+                    exit_(entered, error)
+                else:
+                    _abort_root(call, session, error)
+        if frame is OFF or frame.call.stopped:
             return fn(*args, **kwargs)
-        else:
-            handle = _open(frame.call, None, frame.scope, label, attributes, code)
-        error: BaseException | None = None
+        entered = error = None
         try:
+            entered = _open(frame.call, frame, None, label, attributes, code)
             return fn(*args, **kwargs)
         except BaseException as exc:
             error = exc
             raise
         finally:
-            exit_(handle, error)
+            if entered is not None:
+                exit_(entered, error)
+            else:
+                _abort_nested(frame)
 
     return run
 
@@ -238,7 +277,8 @@ class Stepped:
     """A scope held open across the steps of a generator: its frame is set only per step.
 
     The scope is entered at the first step; each step runs with the scope's frame set (so
-    scopes inside the generator nest under it) and restores the caller's afterwards.
+    scopes inside the generator nest under it) and restores the caller's afterwards. Each
+    step is a checkpoint for ``max_window_s``.
     """
 
     __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label")
@@ -248,33 +288,54 @@ class Stepped:
         self.attributes = attributes
         self.code = code
         self._started = False
-        self._entered: Entered = None
+        self._entered: Active | None = None
         self._frame: Any = None
 
     def step_in(self) -> Token[Any] | None:
         """Before a step: enter the scope on the first one, then set its frame."""
         if not self._started:
             self._started = True
-            entered = enter(self.label, self.attributes, self.code)
-            if entered is None:
-                return None
-            self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
-            if isinstance(entered, ScopeHandle):
-                _reset(entered.token)
-                entered.token = None
-                self._entered = entered
-            else:
-                _reset(entered)
-        return FRAME.set(self._frame) if self._frame is not None else None
+            outer = FRAME.get()
+            try:
+                entered = enter(self.label, self.attributes, self.code)
+                if entered is not None:
+                    self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
+                    if isinstance(entered, Active):
+                        self._entered = entered
+            finally:
+                FRAME.set(outer)  # the caller's frame; ours is set per step below
+        if self._frame is None:
+            return None
+        if self._entered is not None:
+            SLOT.checkpoint()
+        return FRAME.set(self._frame)
 
     def step_out(self, token: Token[Any] | None) -> None:
         """After a step: the caller's frame again."""
         if token is not None:
-            _reset(token)
+            try:  # noqa: SIM105  # contextlib.suppress builds an object per step
+                FRAME.reset(token)
+            except ValueError:  # the step ended in another context: nothing to restore
+                pass
+
+    def suspended(self) -> None:
+        """A generator yielded: its thread may change before the next step.
+
+        A thread-local profiler can only be stopped on the thread that started it, so a
+        sampled generator root stops its window here (``truncated = "first_step"``) unless
+        the window records all threads (then any thread can stop it).
+        """
+        entered = self._entered
+        if entered is not None and entered.session is not None and not entered.call.stopped:
+            entered.session.yielded(entered.call)
 
     def finish(self, error: BaseException | None) -> None:
         """The generator is done (returned, raised or closed): end the scope."""
         entered, self._entered = self._entered, None  # once, however the generator ended
         self._frame = None
         if entered is not None:
-            exit_(entered, error if not isinstance(error, GeneratorExit) else None)
+            exit_(
+                entered,
+                error if not isinstance(error, GeneratorExit) else None,
+                restore=False,
+            )

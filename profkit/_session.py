@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Any
 
 from opentelemetry import trace
@@ -22,8 +23,8 @@ from ._pipeline import ExportPipeline
 from ._processing import Processor
 from ._records import CallRecord
 from ._sampling import EveryN, RateLimiter, Sampler, TraceIdRatio, Triggered
-from ._slot import SLOT
-from ._window import Window, foreign_profiler_active, make_profiler, prime
+from ._slot import SLOT, WindowOwner
+from ._window import Window, make_profiler, prime
 
 __all__ = ["Session", "make_sampler"]
 
@@ -54,6 +55,7 @@ class Session:
             config.queue_size,
             after_each=self._build_spare,
         )
+        self.keeper = WindowKeeper(self.stats, self.pipeline)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
         #: the next window's profiler object, built by start() and by the worker after each
@@ -66,11 +68,10 @@ class Session:
         """Count a root call and decide whether it runs under the profiler."""
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
-        if held is not None:
-            if held.owner is not self:
-                SLOT.close_retired(self)
-            elif held.window.owner == threading.get_ident() and not held.window.full:
-                return self._join(held.window, "window")
+        if held is not None and held.window.owner == threading.get_ident():
+            call = self._on_own_thread(held.owner, held.window)
+            if call is not None:
+                return call
         if self._triggered.pending and self._triggered.take():
             policy = "trigger"
         else:
@@ -83,13 +84,24 @@ class Session:
             policy = self._sampler.description
         return self._open(policy)
 
+    def _on_own_thread(self, owner: WindowOwner, win: Window) -> CallRecord | None:
+        """A root call on the thread of the open window: a checkpoint, then join it or not."""
+        if time.monotonic() > win.deadline:
+            owner.truncate(win, "max_window_s")
+        elif owner is not self.keeper:
+            SLOT.close_retired(self.keeper)  # an idle window of a replaced session
+        elif not win.full:
+            return self._join(win, "window")
+        return None
+
     def _open(self, policy: str) -> CallRecord | None:
         if not SLOT.acquire():
             self._skip("skipped_busy")
             return None
+        win: Window | None = None
         opened = False
         try:
-            if foreign_profiler_active():
+            if not SLOT.may_open():
                 self._skip("skipped_foreign")
                 return None
             win = Window(next(self._window_ids), self.config)
@@ -100,22 +112,22 @@ class Session:
                 self.stats.add("sampled")
                 self.stats.drop("profiler_start_failed")
                 return None
-            SLOT.occupy(self, win)
+            SLOT.occupy(self.keeper, win)
             opened = True
             self.stats.add("windows")
             return self._join(win, policy)
         finally:
             if not opened:
-                SLOT.vacate()
+                if win is not None:
+                    win.ensure_stopped()  # started, then an exception landed: never leave it on
+                SLOT.vacate(win)
 
     def _skip(self, reason: str) -> None:
         self.stats.add("sampled")
         self.stats.add(reason)
 
     def _join(self, win: Window, policy: str) -> CallRecord:
-        win.opened += 1
-        win.in_flight += 1
-        warm = win.opened <= self.config.warmup
+        warm = len(win.calls) < self.config.warmup
         ctx = trace.get_current_span().get_span_context()
         call = CallRecord(
             window=win,
@@ -125,48 +137,35 @@ class Session:
             parent_span_context=ctx if ctx.is_valid else None,
             thread_name=threading.current_thread().name,
         )
-        win.calls.append(call)
+        win.calls.append(call)  # joined: one atomic step (the window's counts derive from it)
         self.stats.add("warmup_calls" if warm else "sampled")
         return call
 
     def end_root(self, call: CallRecord, error: BaseException | None) -> None:
         """Close a sampled call; the last call of a window stops the profiler and hands it off."""
         call.error = error
+        call.stopped = True
         call.done = True
         win = call.window
-        win.in_flight -= 1
         if (win.full or not self.active) and win.in_flight == 0:
             held = SLOT.held
             if held is not None and held.window is win:
-                self.close_window(win)
+                self.keeper.close_window(win)
 
-    # -- the slot's callbacks (WindowOwner) -----------------------------------------------
+    def yielded(self, call: CallRecord) -> None:
+        """A sampled generator root yielded; its next step may run on another thread.
 
-    def close_window(self, win: Window) -> None:
-        """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot."""
-        try:
-            stopped = False
-            with guard(self.stats, "profiler_stop"):
-                win.stop()
-                stopped = True
-            # handed off (queued or counted as dropped) before the slot is freed, so that a
-            # shutdown() waiting for the window finds it in the queue
-            if stopped:
-                self.pipeline.offer(win)
-            elif win.recorded:
-                self.stats.drop("profiler_stop_failed", win.recorded)
-        finally:
-            SLOT.vacate(win)
-
-    def discard_window(self, win: Window, reason: str) -> None:
-        """Give ``win`` up unread (its thread is gone, or the interpreter is exiting)."""
-        try:
-            recorded = win.recorded
-            win.discard()
-            if recorded:
-                self.stats.drop(reason, recorded)
-        finally:
-            SLOT.vacate(win)
+        Its thread-local window stops now (the calls are exported as truncated,
+        ``"first_step"``); a window recording all threads goes on (any thread can stop it).
+        """
+        held = SLOT.held
+        if (
+            not self.config.all_threads
+            and held is not None
+            and held.window is call.window
+            and call.window.owner == threading.get_ident()
+        ):
+            self.keeper.truncate(call.window, "first_step")
 
     # -- control ----------------------------------------------------------------------------
 
@@ -205,18 +204,74 @@ class Session:
         """
         deadline = Deadline(timeout)
         self.active = False
-        SLOT.wait_for_other_thread(self, deadline)
+        SLOT.wait_for_other_thread(self.keeper, deadline)
         self.close_idle_window()
         return self.pipeline.shutdown(deadline)
 
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
-        SLOT.close_idle(self)
+        SLOT.close_idle(self.keeper)
 
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
         self._triggered = Triggered()
+
+
+class WindowKeeper:
+    """Closes, cuts short and discards the windows of one session (the slot's WindowOwner).
+
+    Runs on the window's own thread (close, truncate) or wherever the slot frees a window
+    whose thread is gone (discard). A closed window goes to the session's pipeline.
+    """
+
+    def __init__(self, stats: Stats, pipeline: ExportPipeline) -> None:
+        self.stats = stats
+        self.pipeline = pipeline
+
+    def close_window(self, win: Window) -> None:
+        """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot."""
+        try:
+            stopped = False
+            with guard(self.stats, "profiler_stop"):
+                win.stop()
+                stopped = True
+            # handed off (queued or counted as dropped) before the slot is freed, so that a
+            # shutdown() waiting for the window finds it in the queue
+            if stopped:
+                self.pipeline.offer(win)
+            elif win.recorded:
+                self.stats.drop("profiler_stop_failed", win.recorded)
+        except BaseException:  # a signal's exception mid-stop: the profiler must not stay on
+            win.ensure_stopped()
+            raise
+        finally:
+            SLOT.vacate(win)
+
+    def truncate(self, win: Window, reason: str) -> None:
+        """Stop ``win`` now, on its thread, though calls still run in it; export what it has.
+
+        Their open ranges are closed first (so the profile has them), later scopes of those
+        calls record nothing, and each call says why it was cut short (``truncated``).
+        """
+        for call in win.calls:
+            call.stopped = True
+            if not call.done and call.truncated is None:
+                call.truncated = reason
+            failure = call.close_scopes()
+            if failure is not None:
+                self.stats.error("record_function", failure)
+        self.close_window(win)
+
+    def discard_window(self, win: Window, reason: str) -> None:
+        """Give ``win`` up unread (its thread is gone, or the interpreter is exiting)."""
+        try:
+            recorded = win.recorded
+            win.discard()
+            if recorded:
+                self.stats.drop(reason, recorded)
+        finally:
+            SLOT.vacate(win)
 
 
 def _parent_trace_id() -> int | None:

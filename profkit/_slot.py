@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from typing import NamedTuple, Protocol
 
 from ._deadline import Deadline
-from ._window import Window
+from ._window import Window, foreign_profiler_active, on_foreign_start
 
 __all__ = ["SLOT", "Held", "WindowOwner", "WindowSlot"]
 
@@ -31,6 +32,9 @@ class WindowOwner(Protocol):
 
     def discard_window(self, win: Window, reason: str) -> None:
         """Give the window up unread, count its calls as dropped, then vacate the slot."""
+
+    def truncate(self, win: Window, reason: str) -> None:
+        """Stop the window now, on its own thread, before its calls end; export what it has."""
 
 
 class Held(NamedTuple):
@@ -74,22 +78,64 @@ class WindowSlot:
         self._thread_end = threading.local()
         #: the open window and its owner; None when the slot is free
         self.held: Held | None = None
+        #: user profilers starting now (they wait for our window; no new one may open)
+        self.foreign_starting = 0
+        #: since when the lock has been seen taken with no window in it (see acquire)
+        self._empty_since = 0.0
 
     def acquire(self) -> bool:
         """Take the slot if it is free (or held by a thread that exited); never blocks."""
-        return self._lock.acquire(blocking=False) or self._reclaim_if_owner_exited()
+        if self._lock.acquire(blocking=False):
+            self._empty_since = 0.0
+            return True
+        return self._reclaim_if_owner_exited() or self._reclaim_if_leaked()
+
+    def _reclaim_if_leaked(self) -> bool:
+        """Take back a lock left taken with no window (an exception landed in between).
+
+        Opening a window takes milliseconds; a lock that has held no window for seconds was
+        leaked by an exception that landed right after it was taken (a signal handler's).
+        """
+        if self.held is not None:
+            self._empty_since = 0.0
+            return False
+        now = time.monotonic()
+        if not self._empty_since:
+            self._empty_since = now
+            return False
+        if now - self._empty_since < _LEAK_S or self.held is not None:
+            return False
+        self._empty_since = 0.0
+        return True  # the lock stays taken: it is ours now
+
+    def checkpoint(self) -> None:
+        """A point profkit controls on this thread: cut a window past ``max_window_s`` short."""
+        held = self.held
+        if (
+            held is not None
+            and held.window.owner == threading.get_ident()
+            and time.monotonic() > held.window.deadline
+        ):
+            held.owner.truncate(held.window, "max_window_s")
+
+    def may_open(self) -> bool:
+        """No profiler of anyone else's is running or starting."""
+        return not self.foreign_starting and not foreign_profiler_active()
 
     def occupy(self, owner: WindowOwner, win: Window) -> None:
         """Record the window that now holds the acquired slot, on the window's own thread."""
         self.held = Held(owner, win)
         self._thread_end.guard = _ThreadEndGuard(self, win)
 
-    def vacate(self, win: Window | None = None) -> None:
+    def vacate(self, win: Window | None) -> None:
         """Free the slot (taken by ``acquire``) that ``win`` held, or that no window got."""
         held = self.held
         if held is not None and held.window is win:
             self.held = None
-        self._lock.release()
+        try:  # noqa: SIM105  # released already: an earlier exit of the same window
+            self._lock.release()
+        except RuntimeError:
+            pass
         with self._vacated:
             self._vacated.notify_all()
 
@@ -171,6 +217,44 @@ class WindowSlot:
         finally:
             self._reclaim_lock.release()
 
+    def before_foreign_start(self) -> None:
+        """Someone else's torch profiler is about to start: make sure it overlaps no window.
+
+        Two profilers at once crash the process. A window on another thread is asked to stop
+        at its next checkpoint (its deadline is brought forward) and waited for; no new
+        window opens meanwhile. A window on this very thread (the user's profiler inside a
+        sampled call) cannot be waited for: torch empties it, so its calls are dropped
+        (``foreign_profiler``).
+
+        Raises:
+            RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
+                starting the profiler anyway would crash the process.
+        """
+        self.foreign_starting += 1
+        held = self.held
+        if held is None:
+            return
+        win = held.window
+        if win.owner == threading.get_ident():
+            win.clobbered = True
+            return
+        win.deadline = 0.0  # stop at the next checkpoint
+        limit = Deadline(max(5.0, 2 * win.config.max_window_s))
+        with self._vacated:
+            while self.held is not None and self.held.window is win:
+                if limit.passed:
+                    self.foreign_starting -= 1
+                    raise RuntimeError(
+                        "profkit: a sampled call on another thread still records a profiler "
+                        "window; starting a second torch profiler now would crash the process "
+                        "(see profkit's reliability docs, 'Your own profiler')"
+                    )
+                self._vacated.wait(min(limit.left(), 0.05))
+
+    def after_foreign_start(self) -> None:
+        """The foreign profiler is on (torch's flag now keeps new windows shut)."""
+        self.foreign_starting = max(0, self.foreign_starting - 1)
+
     def after_fork_in_child(self) -> None:
         """Fresh locks; the parent's window, whose thread the child lacks, is given up."""
         held = self.held
@@ -181,5 +265,9 @@ class WindowSlot:
         self.__init__()  # type: ignore[misc]
 
 
+#: seconds a lock may stay taken with no window before it is taken back as leaked
+_LEAK_S = 10.0
+
 SLOT = WindowSlot()
 os.register_at_fork(after_in_child=SLOT.after_fork_in_child)
+on_foreign_start(SLOT.before_foreign_start, SLOT.after_foreign_start)

@@ -312,6 +312,7 @@ def _build_call(
         attribution=attribution,
         error=call.error,
         thread_name=call.thread_name,
+        truncated=call.truncated,
         device_active=device_active,
     )
 

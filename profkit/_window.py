@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -32,6 +32,7 @@ __all__ = [
     "WindowEvents",
     "foreign_profiler_active",
     "make_profiler",
+    "on_foreign_start",
     "prime",
     "started_before_fork",
 ]
@@ -61,6 +62,46 @@ def _note_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_note_fork_in_child)
+
+
+#: set on a thread while profkit itself starts a profiler (so its hook lets it through)
+_starting = threading.local()
+
+
+def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Run ``before()`` ahead of any torch profiler start that is not profkit's own.
+
+    ``torch.profiler.profile`` (and ``torch.autograd.profiler.profile``) call the module
+    hook ``torch.autograd.profiler._run_on_profiler_start`` right before enabling; profkit
+    wraps it once per process. ``before`` may block (to let an open window close) or raise
+    (rather than let two profilers run at once); ``after`` runs once the profiler is on.
+    """
+    original = getattr(_autograd_profiler, "_run_on_profiler_start", None)
+    if original is None or getattr(original, "_profkit_hook", False):
+        return
+
+    def run_on_profiler_start() -> None:
+        if getattr(_starting, "on", False):
+            original()
+            return
+        before()
+        try:
+            original()
+        finally:
+            after()
+
+    run_on_profiler_start._profkit_hook = True  # type: ignore[attr-defined]
+    _autograd_profiler._run_on_profiler_start = run_on_profiler_start
+
+
+@contextlib.contextmanager
+def _ours() -> Iterator[None]:
+    """profkit starts a profiler on this thread: its own hook must not wait for itself."""
+    _starting.on = True
+    try:
+        yield
+    finally:
+        _starting.on = False
 
 
 def foreign_profiler_active() -> bool:
@@ -112,7 +153,8 @@ def prime(config: Config) -> float:
         t0 = time.perf_counter()
         prof = make_profiler(config)
         _started_in_pid = os.getpid()
-        prof.start()
+        with _ours():
+            prof.start()
         with torch.autograd.profiler.record_function("profkit.prime"):
             torch.ones(2, 2).add_(1)
         prof.stop()
@@ -150,11 +192,11 @@ class Window:
     __slots__ = (
         "__weakref__",
         "calls",
+        "clobbered",
         "config",
+        "deadline",
         "id",
-        "in_flight",
         "needed",
-        "opened",
         "owner",
         "owner_thread",
         "prof",
@@ -168,16 +210,30 @@ class Window:
         self.owner = threading.get_ident()
         self.owner_thread = threading.current_thread()
         self.needed = config.warmup + config.window
-        self.opened = 0  # calls that joined so far
-        self.in_flight = 0
+        #: the calls that joined, in order; joining is one ``append`` (atomic), and the counts
+        #: below are derived from it, so an exception landing anywhere leaves them consistent
         self.calls: list[CallRecord] = []
         self.prof: profile | None = None
         self.started_ns = 0
         self.stopped_refs = 0
+        #: ``time.monotonic()`` past which the window is cut short at the next checkpoint
+        self.deadline = time.monotonic() + config.max_window_s
+        #: set when another profiler started on this window's thread (it empties ours)
+        self.clobbered = False
+
+    @property
+    def opened(self) -> int:
+        """Root calls that joined so far."""
+        return len(self.calls)
+
+    @property
+    def in_flight(self) -> int:
+        """Root calls of this window still running."""
+        return sum(1 for c in self.calls if not c.done)
 
     @property
     def full(self) -> bool:
-        return self.opened >= self.needed
+        return len(self.calls) >= self.needed
 
     @property
     def recorded(self) -> int:
@@ -192,8 +248,9 @@ class Window:
         global _started_in_pid
         _started_in_pid = os.getpid()
         try:
-            prof.start()
-        except BaseException:
+            with _ours():
+                prof.start()
+        except BaseException:  # a failed start, or a signal's exception mid-start
             _force_stop(prof, all_threads=self.config.all_threads)
             raise
         self.prof = prof
@@ -210,6 +267,11 @@ class Window:
                 # a failed stop must not leave the process-wide flag set: we would skip forever
                 if foreign_profiler_active() and not _still_enabled_here():
                     _autograd_profiler._is_profiler_enabled = False
+
+    def ensure_stopped(self) -> None:
+        """Stop the profiler if it still runs (a stop an exception cut short); keep the rest."""
+        if self.prof is not None:
+            _force_stop(self.prof, all_threads=self.config.all_threads)
 
     def discard(self) -> None:
         """Give the window up unread: its thread is gone (it exited, or this is a forked child).
@@ -228,12 +290,15 @@ class Window:
         """The stopped window's events (on the export worker: parsing costs µs per event).
 
         Raises:
-            Unreadable: no profile (``no_profile``) or more than ``max_events`` raw events
+            Unreadable: no profile (``no_profile``), another profiler started inside it
+                (``foreign_profiler``), or more than ``max_events`` raw events
                 (``too_many_events``).
         """
         prof, cfg = self.prof, self.config
         if prof is None:
             raise Unreadable("no_profile")
+        if self.clobbered:  # torch gives the outer profiler no events once another started
+            raise Unreadable("foreign_profiler")
         kineto = prof.profiler.kineto_results if prof.profiler is not None else None
         raw = kineto.events() if kineto is not None else []
         if len(raw) > cfg.max_events:

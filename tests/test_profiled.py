@@ -116,14 +116,26 @@ def test_every_callable_kind_is_sampled_with_its_label() -> None:
     assert expected == labels
 
 
-def test_generator_scope_spans_the_iteration() -> None:
-    """A generator's scope covers every step, and regions inside it nest under it."""
+def test_generator_window_records_its_first_step() -> None:
+    """A sampled generator's thread-local window stops at its first yield, and says so."""
     with capture(sample_every=1) as cap:
+        assert list(gen(3)) == [2, 3, 4]
+    (call,) = cap.calls
+    assert ["gen", "step"] == _labels(call)
+    assert "first_step" == call.truncated
+    assert call.root.attributes["kind"] == "gen"
+    assert any(r.name == "aten::ones" for r in call.root.ops)
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_generator_scope_spans_the_iteration_with_all_threads() -> None:
+    """Recording all threads, a generator's scope covers every step, regions nested in it."""
+    with capture(sample_every=1, all_threads=True) as cap:
         assert list(gen(3)) == [2, 3, 4]
     (call,) = cap.calls
     assert ["gen", "step", "step", "step"] == _labels(call)
     assert all(s.parent == 0 for s in call.scopes[1:])
-    assert call.root.attributes["kind"] == "gen"
+    assert call.truncated is None
     assert any(r.name == "aten::ones" for r in call.root.ops)
 
 
@@ -162,8 +174,18 @@ def test_frame_is_not_leaked_between_generator_steps() -> None:
             seen.append(FRAME.get())
             plain(1)
     assert [None, None] == seen
-    # the consumer's calls are roots of their own; the generator's window is still open
+    # the consumer's calls are roots of their own; the generator's window stopped at its
+    # first yield, so they are sampled too
     assert 3 == cap.stats["root_calls"]
+    assert 0 == cap.stats["skipped_busy"]
+    assert ["gen", "plain", "plain"] == sorted(c.label for c in cap.calls)
+
+
+def test_window_of_an_all_threads_generator_stays_open_between_steps() -> None:
+    """Recording all threads, the generator's window spans its steps: the consumer's wait."""
+    with capture(sample_every=1, all_threads=True) as cap:
+        for _ in gen(2):
+            plain(1)
     assert 2 == cap.stats["skipped_busy"]
     assert ["gen"] == [c.label for c in cap.calls]
 

@@ -52,6 +52,8 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
     }
     if call.error is not None:
         out["error"] = type(call.error).__name__
+    if call.truncated:
+        out["truncated"] = call.truncated
     if call.trace_path:
         out["trace_path"] = call.trace_path
     if call.diagnosis is not None:

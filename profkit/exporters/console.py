@@ -20,7 +20,8 @@ def render_call(call: CallSummary) -> str:
     lines = [
         f"profkit ▸ {call.label}  {root.duration_us / 1000:.3f} ms  "
         f"{root.op_count} ops  window {call.window_id} ({call.policy}, {call.attribution})"
-        + (f"  ERROR {type(call.error).__name__}" if call.error is not None else ""),
+        + (f"  ERROR {type(call.error).__name__}" if call.error is not None else "")
+        + (f"  truncated: {call.truncated}" if call.truncated else ""),
     ]
     if call.trace_id:
         lines.append(f"  trace {call.trace_id} span {call.span_id}")

@@ -84,6 +84,8 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
         "profkit.call.index": call.call_index,
         "profkit.events.total": call.events_total,
     }
+    if call.truncated:
+        attrs["profkit.truncated"] = call.truncated
     if call.trace_path:
         attrs["profkit.trace.path"] = call.trace_path
     d = call.diagnosis
