@@ -69,7 +69,7 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
                 error = exc
                 raise
             finally:
-                exit_(entered, error)
+                _exit_twice(entered, error)
 
         return async_wrapper
     if kind == "gen":
@@ -90,6 +90,15 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
         return run(wrapped, args, kwargs)
 
     return sync_wrapper
+
+
+def _exit_twice(entered: Any, error: BaseException | None) -> None:
+    """:func:`exit_`, run again when a signal's exception cut it short (it is idempotent)."""
+    try:
+        exit_(entered, error)
+    except BaseException:
+        exit_(entered, error)
+        raise
 
 
 class _Intervals:
@@ -170,7 +179,11 @@ def _drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
         raise
     finally:
         if final:
-            scope.finish(error)
+            try:
+                scope.finish(error)
+            except BaseException:  # a signal's exception cut the first attempt short
+                scope.finish(error)
+                raise
 
 
 class _SteppedAsyncGen:
@@ -335,7 +348,7 @@ class region:
         if entered is None and not self._outer:
             return
         self._entered = self._outer.pop() if self._outer else None
-        exit_(entered, exc)
+        _exit_twice(entered, exc)
 
     async def __aenter__(self) -> region:
         return self.__enter__()

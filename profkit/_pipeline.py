@@ -56,12 +56,16 @@ class ExportPipeline:
         os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
 
     def _init_state(self) -> None:
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=self._queue_size)
+        # the request path (offer) takes only C-level locks in ``with`` statements and puts
+        # into a C queue: an exception a signal handler raises cannot land between taking a
+        # lock and the block that releases it (a Python-level Condition or queue.Queue can)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # orders offer() against shutdown()
         self._closed = False
         self._pending = 0  # recorded calls handed off and not yet counted
-        self._idle = threading.Condition()
+        self._count_lock = threading.Lock()
+        self._idle = threading.Condition()  # the worker notifies, flush waits: no request
         self._windows_done = 0
 
     def _at_fork_reinit(self) -> None:
@@ -78,15 +82,12 @@ class ExportPipeline:
             if self._closed:
                 self._drop(win, "shutdown", recorded)
                 return
-            with self._idle:
-                self._pending += recorded  # before the worker can take (and count) it
-            try:
-                self._queue.put_nowait(win)
-            except queue.Full:
-                with self._idle:
-                    self._pending -= recorded
+            if self._queue.qsize() >= self._queue_size:
                 self._drop(win, "queue_full", recorded)
                 return
+            with self._count_lock:  # counted and queued together: no check falls in between
+                self._pending += recorded
+                self._queue.put(win)
             self._ensure_worker()
 
     def _drop(self, win: Window, reason: str, recorded: int) -> None:
@@ -136,10 +137,15 @@ class ExportPipeline:
                 # young generations only: what release() leaves in cycles is small, and a
                 # full collection holds the GIL (every request thread) for hundreds of ms
                 gc.collect(1)
-            with self._idle:
-                self._pending -= recorded
-                self._idle.notify_all()
+            self._settle(recorded)
             self._after_each()
+
+    def _settle(self, recorded: int) -> None:
+        """``recorded`` handed-off calls are counted now; wake whoever flushes."""
+        with self._count_lock:
+            self._pending -= recorded
+        with self._idle:
+            self._idle.notify_all()
 
     def _export(self, win: Window) -> str | None:
         """Summarise and export one window: None when every exporter took it, else why not."""
@@ -175,7 +181,7 @@ class ExportPipeline:
         if left_behind:
             flushed = False
         if worker is not None:
-            self._queue.put(_STOP)  # drained and closed: there is room
+            self._queue.put(_STOP)  # closed: nothing is queued after it
             worker.join(deadline.wait_arg())
         self.fanout.shutdown(deadline)
         return flushed
@@ -192,9 +198,7 @@ class ExportPipeline:
                 n = item.recorded
                 self._drop(item, "shutdown", n)
                 total += n
-                with self._idle:
-                    self._pending -= n
-                    self._idle.notify_all()
+                self._settle(n)
 
 
 def _call_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:

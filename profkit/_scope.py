@@ -145,7 +145,7 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
     Returns None (nothing to undo), ``OFF`` (an unsampled root call) or an :class:`Active`.
     """
     frame = FRAME.get()
-    if frame is None:
+    if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
         session = GLOBAL.session
         if session is None or not session.active:
             return None
@@ -213,13 +213,34 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
 
 
 def _end_root(session: Any, call: CallRecord, error: BaseException | None) -> None:
+    call.done = True  # first: whatever happens below, the call no longer holds its window
     try:
-        failure = call.close_scopes()  # scopes an interrupted exit left open
-        session.end_root(call, error)
+        try:
+            failure = call.close_scopes()  # scopes an interrupted exit left open
+        finally:
+            session.end_root(call, error)
         if failure is not None:
             raise failure
     except Exception as exc:
         _errors.internal(session.stats, "end_root", exc)
+
+
+def _leave_root(
+    entered: Active | None, call: CallRecord, session: Any, error: BaseException | None
+) -> None:
+    """End a sampled root call, however far its entry got (idempotent: may run twice)."""
+    if entered is not None:
+        exit_(entered, error)
+    else:
+        _abort_root(call, session, error)
+
+
+def _leave_nested(entered: Active | None, frame: Active, error: BaseException | None) -> None:
+    """Leave a nested scope, however far its entry got (idempotent: may run twice)."""
+    if entered is not None:
+        exit_(entered, error)
+    else:
+        _abort_nested(frame)
 
 
 def sync_runner(
@@ -233,42 +254,46 @@ def sync_runner(
 
     def run(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         frame = FRAME.get()
-        if frame is None:
-            session = GLOBAL.session
-            if session is None or not session.active:
+        if frame is not None and (frame is OFF or not frame.call.done):
+            if frame is OFF or frame.call.stopped:
                 return fn(*args, **kwargs)
-            call = entered = error = None
+            entered = error = None
             try:
-                FRAME.set(OFF)
-                call = _begin_root(session, label)
-                if call is None:
-                    return fn(*args, **kwargs)
-                entered = _open(call, None, session, label, attributes, code)
+                entered = _open(frame.call, frame, None, label, attributes, code)
                 return fn(*args, **kwargs)
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                if call is None:
-                    FRAME.set(None)
-                elif entered is not None:
-                    exit_(entered, error)
-                else:
-                    _abort_root(call, session, error)
-        if frame is OFF or frame.call.stopped:
+                try:
+                    _leave_nested(entered, frame, error)
+                except BaseException:  # a signal's exception cut the first attempt short
+                    _leave_nested(entered, frame, error)
+                    raise
+        # a root call (or a frame left behind by a call that ended: stale, so a root too)
+        session = GLOBAL.session
+        if session is None or not session.active:
             return fn(*args, **kwargs)
-        entered = error = None
+        call = entered = error = None
         try:
-            entered = _open(frame.call, frame, None, label, attributes, code)
+            FRAME.set(OFF)
+            call = _begin_root(session, label)
+            if call is None:
+                return fn(*args, **kwargs)
+            entered = _open(call, None, session, label, attributes, code)
             return fn(*args, **kwargs)
         except BaseException as exc:
             error = exc
             raise
         finally:
-            if entered is not None:
-                exit_(entered, error)
+            if call is None:
+                FRAME.set(None)
             else:
-                _abort_nested(frame)
+                try:
+                    _leave_root(entered, call, session, error)
+                except BaseException:  # a signal's exception cut the first attempt short
+                    _leave_root(entered, call, session, error)
+                    raise
 
     return run
 
@@ -330,8 +355,8 @@ class Stepped:
             entered.session.yielded(entered.call)
 
     def finish(self, error: BaseException | None) -> None:
-        """The generator is done (returned, raised or closed): end the scope."""
-        entered, self._entered = self._entered, None  # once, however the generator ended
+        """The generator is done (returned, raised or closed): end the scope (idempotent)."""
+        entered = self._entered
         self._frame = None
         if entered is not None:
             exit_(

@@ -86,12 +86,16 @@ class Session:
 
     def _on_own_thread(self, owner: WindowOwner, win: Window) -> CallRecord | None:
         """A root call on the thread of the open window: a checkpoint, then join it or not."""
-        if time.monotonic() > win.deadline:
+        if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
+            SLOT.vacate(win)
+        elif time.monotonic() > win.deadline:
             owner.truncate(win, "max_window_s")
         elif owner is not self.keeper:
             SLOT.close_retired(self.keeper)  # an idle window of a replaced session
         elif not win.full:
             return self._join(win, "window")
+        elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
+            owner.close_window(win)
         return None
 
     def _open(self, policy: str) -> CallRecord | None:
@@ -112,10 +116,11 @@ class Session:
                 self.stats.add("sampled")
                 self.stats.drop("profiler_start_failed")
                 return None
-            SLOT.occupy(self.keeper, win)
-            opened = True
             self.stats.add("windows")
-            return self._join(win, policy)
+            SLOT.occupy(self.keeper, win)
+            call = self._join(win, policy)
+            opened = True  # only now: an exception before leaves no window without its call
+            return call
         finally:
             if not opened:
                 if win is not None:
@@ -137,8 +142,8 @@ class Session:
             parent_span_context=ctx if ctx.is_valid else None,
             thread_name=threading.current_thread().name,
         )
-        win.calls.append(call)  # joined: one atomic step (the window's counts derive from it)
         self.stats.add("warmup_calls" if warm else "sampled")
+        win.calls.append(call)  # joined: one atomic step (the window's counts derive from it)
         return call
 
     def end_root(self, call: CallRecord, error: BaseException | None) -> None:
@@ -246,7 +251,11 @@ class WindowKeeper:
             win.ensure_stopped()
             raise
         finally:
-            SLOT.vacate(win)
+            try:
+                SLOT.vacate(win)
+            except BaseException:  # cut short itself: it is idempotent, so once more
+                SLOT.vacate(win)
+                raise
 
     def truncate(self, win: Window, reason: str) -> None:
         """Stop ``win`` now, on its thread, though calls still run in it; export what it has.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 from typing import NamedTuple, Protocol
 
 from ._deadline import Deadline
@@ -45,36 +44,38 @@ class Held(NamedTuple):
 class _ThreadEndGuard:
     """Closes (and exports) the window still open on a thread when that thread ends.
 
-    It lives in a ``threading.local``: CPython clears a thread's locals on that thread as it
-    ends, before the C++ thread-locals holding torch's thread-local profiler state are
-    destroyed. A profiler still enabled there makes torch warn ("Requested callback is not
-    found", "Leaked callback handle") and the process crash at exit (measured, torch 2.13):
-    a thread-per-request server with ``window`` > 1 would otherwise end that way.
+    One lives in a ``threading.local`` of each thread that opened a window: CPython clears
+    a thread's locals on that thread as it ends, before the C++ thread-locals holding
+    torch's thread-local profiler state are destroyed. A profiler still enabled there makes
+    torch warn ("Requested callback is not found", "Leaked callback handle") and the process
+    crash at exit (measured, torch 2.13): a thread-per-request server with ``window`` > 1
+    would otherwise end that way. It is made once per thread, never replaced, so that its
+    finalizer runs only at the thread's end, never on a request.
     """
 
-    __slots__ = ("slot", "window")
+    __slots__ = ("slot",)
 
-    def __init__(self, slot: WindowSlot, win: Window) -> None:
+    def __init__(self, slot: WindowSlot) -> None:
         self.slot = slot
-        self.window = weakref.ref(win)
 
     def __del__(self) -> None:
-        win = self.window()
         held = self.slot.held
-        if win is None or held is None or held.window is not win or win.in_flight:
+        if held is None or held.window.in_flight:
             return  # closed already (the usual case), or a call still runs in it
-        if win.owner != threading.get_ident():
-            return  # not its thread (a forked child clearing the parent's threads)
-        held.owner.close_window(win)  # guarded inside: a finalizer must not raise
+        if held.window.owner != threading.get_ident():
+            return  # not this thread's (or a forked child clearing the parent's threads)
+        held.owner.close_window(held.window)  # guarded inside: a finalizer must not raise
 
 
 class WindowSlot:
     """The lock that serialises windows process-wide, and the window that holds it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        #: the claim on the slot: ``{0: (thread ident,)}`` while taken. ``dict.setdefault``
+        #: takes it atomically, and unlike a lock a claim says whose it is, so a claim that an
+        #: exception orphaned right after it was taken is recognised by its thread
+        self._claims: dict[int, tuple[int]] = {}
         self._reclaim_lock = threading.Lock()
-        self._vacated = threading.Condition()
         self._thread_end = threading.local()
         #: the open window and its owner; None when the slot is free
         self.held: Held | None = None
@@ -85,16 +86,26 @@ class WindowSlot:
 
     def acquire(self) -> bool:
         """Take the slot if it is free (or held by a thread that exited); never blocks."""
-        if self._lock.acquire(blocking=False):
-            self._empty_since = 0.0
+        if self._take():
             return True
         return self._reclaim_if_owner_exited() or self._reclaim_if_leaked()
 
-    def _reclaim_if_leaked(self) -> bool:
-        """Take back a lock left taken with no window (an exception landed in between).
+    def _take(self) -> bool:
+        me = threading.get_ident()
+        mine = (me,)
+        claim = self._claims.setdefault(0, mine)
+        if claim is mine:
+            self._empty_since = 0.0
+            return True
+        # a claim of this thread with no window in it: an exception (a signal handler's)
+        # landed right after it was taken; this thread is not opening one now, so it is ours
+        return claim[0] == me and self.held is None
 
-        Opening a window takes milliseconds; a lock that has held no window for seconds was
-        leaked by an exception that landed right after it was taken (a signal handler's).
+    def _reclaim_if_leaked(self) -> bool:
+        """Take back a claim left with no window for seconds by another thread.
+
+        Opening a window takes milliseconds; a claim that has held no window for seconds was
+        orphaned by an exception that landed right after it was taken.
         """
         if self.held is not None:
             self._empty_since = 0.0
@@ -106,7 +117,8 @@ class WindowSlot:
         if now - self._empty_since < _LEAK_S or self.held is not None:
             return False
         self._empty_since = 0.0
-        return True  # the lock stays taken: it is ours now
+        self._claims.pop(0, None)
+        return self._take()
 
     def checkpoint(self) -> None:
         """A point profkit controls on this thread: cut a window past ``max_window_s`` short."""
@@ -125,19 +137,15 @@ class WindowSlot:
     def occupy(self, owner: WindowOwner, win: Window) -> None:
         """Record the window that now holds the acquired slot, on the window's own thread."""
         self.held = Held(owner, win)
-        self._thread_end.guard = _ThreadEndGuard(self, win)
+        if getattr(self._thread_end, "guard", None) is None:
+            self._thread_end.guard = _ThreadEndGuard(self)
 
     def vacate(self, win: Window | None) -> None:
         """Free the slot (taken by ``acquire``) that ``win`` held, or that no window got."""
         held = self.held
         if held is not None and held.window is win:
             self.held = None
-        try:  # noqa: SIM105  # released already: an earlier exit of the same window
-            self._lock.release()
-        except RuntimeError:
-            pass
-        with self._vacated:
-            self._vacated.notify_all()
+        self._claims.pop(0, None)
 
     def close_retired(self, current: WindowOwner) -> None:
         """An idle window of a replaced session closes on its thread's next root call."""
@@ -168,16 +176,19 @@ class WindowSlot:
                 self._reclaim_lock.release()
 
     def wait_for_other_thread(self, owner: WindowOwner, deadline: Deadline) -> None:
-        """Wait while ``owner`` has calls in flight in a window on another thread."""
-        with self._vacated:
-            while not deadline.passed:
-                held = self.held
-                if held is None or held.owner is not owner:
-                    return
-                win = held.window
-                if not win.in_flight or win.owner == threading.get_ident():
-                    return
-                self._vacated.wait(min(deadline.left(), 0.05))
+        """Wait while ``owner`` has calls in flight in a window on another thread.
+
+        It polls: the request path that frees the slot takes no Python-level lock or
+        condition (a signal's exception landing inside one would leave it taken).
+        """
+        while not deadline.passed:
+            held = self.held
+            if held is None or held.owner is not owner:
+                return
+            win = held.window
+            if not win.in_flight or win.owner == threading.get_ident():
+                return
+            time.sleep(min(deadline.left(), _POLL_S))
 
     def _reclaim_if_owner_exited(self) -> bool:
         """Free a window whose thread exited with it open; True when the lock is then ours."""
@@ -192,7 +203,7 @@ class WindowSlot:
             held.owner.discard_window(held.window, "owner_exited")
         finally:
             self._reclaim_lock.release()
-        return self._lock.acquire(blocking=False)
+        return self._take()
 
     def stop_left_at_exit(self) -> None:
         """At interpreter exit, stop a profiler that profkit left running and would crash it.
@@ -217,44 +228,6 @@ class WindowSlot:
         finally:
             self._reclaim_lock.release()
 
-    def before_foreign_start(self) -> None:
-        """Someone else's torch profiler is about to start: make sure it overlaps no window.
-
-        Two profilers at once crash the process. A window on another thread is asked to stop
-        at its next checkpoint (its deadline is brought forward) and waited for; no new
-        window opens meanwhile. A window on this very thread (the user's profiler inside a
-        sampled call) cannot be waited for: torch empties it, so its calls are dropped
-        (``foreign_profiler``).
-
-        Raises:
-            RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
-                starting the profiler anyway would crash the process.
-        """
-        self.foreign_starting += 1
-        held = self.held
-        if held is None:
-            return
-        win = held.window
-        if win.owner == threading.get_ident():
-            win.clobbered = True
-            return
-        win.deadline = 0.0  # stop at the next checkpoint
-        limit = Deadline(max(5.0, 2 * win.config.max_window_s))
-        with self._vacated:
-            while self.held is not None and self.held.window is win:
-                if limit.passed:
-                    self.foreign_starting -= 1
-                    raise RuntimeError(
-                        "profkit: a sampled call on another thread still records a profiler "
-                        "window; starting a second torch profiler now would crash the process "
-                        "(see profkit's reliability docs, 'Your own profiler')"
-                    )
-                self._vacated.wait(min(limit.left(), 0.05))
-
-    def after_foreign_start(self) -> None:
-        """The foreign profiler is on (torch's flag now keeps new windows shut)."""
-        self.foreign_starting = max(0, self.foreign_starting - 1)
-
     def after_fork_in_child(self) -> None:
         """Fresh locks; the parent's window, whose thread the child lacks, is given up."""
         held = self.held
@@ -265,9 +238,52 @@ class WindowSlot:
         self.__init__()  # type: ignore[misc]
 
 
+#: how often a waiter looks whether the slot was freed
+_POLL_S = 0.005
 #: seconds a lock may stay taken with no window before it is taken back as leaked
 _LEAK_S = 10.0
 
 SLOT = WindowSlot()
 os.register_at_fork(after_in_child=SLOT.after_fork_in_child)
-on_foreign_start(SLOT.before_foreign_start, SLOT.after_foreign_start)
+
+
+def _before_foreign_start() -> None:
+    """Someone else's torch profiler is about to start: make sure it overlaps no window.
+
+    Two profilers at once crash the process. A window on another thread is asked to stop
+    at its next checkpoint (its deadline is brought forward) and waited for; no new
+    window opens meanwhile. A window on this very thread (the user's profiler inside a
+    sampled call) cannot be waited for: torch empties it, so its calls are dropped
+    (``foreign_profiler``).
+
+    Raises:
+        RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
+            starting the profiler anyway would crash the process.
+    """
+    SLOT.foreign_starting += 1
+    held = SLOT.held
+    if held is None:
+        return
+    win = held.window
+    if win.owner == threading.get_ident():
+        win.clobbered = True
+        return
+    win.deadline = 0.0  # stop at the next checkpoint
+    limit = Deadline(max(5.0, 2 * win.config.max_window_s))
+    while SLOT.held is not None and SLOT.held.window is win:
+        if limit.passed:
+            SLOT.foreign_starting -= 1
+            raise RuntimeError(
+                "profkit: a sampled call on another thread still records a profiler "
+                "window; starting a second torch profiler now would crash the process "
+                "(see profkit's reliability docs, 'Your own profiler')"
+            )
+        time.sleep(_POLL_S)
+
+
+def _after_foreign_start() -> None:
+    """The foreign profiler is on (torch's flag now keeps new windows shut)."""
+    SLOT.foreign_starting = max(0, SLOT.foreign_starting - 1)
+
+
+on_foreign_start(_before_foreign_start, _after_foreign_start)
