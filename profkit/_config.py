@@ -72,7 +72,7 @@ class Config:
     """Seconds a window may record; past it, it stops at profkit's next checkpoint (truncated)."""
 
     max_events: int = 20_000
-    """Most profiler events a window may hold; a larger one is dropped (``too_many_events``)."""
+    """Profiler events summarised per window; past it, the earliest are kept (truncated)."""
 
     queue_size: int = 16
     """Stopped windows waiting for the export worker; a full queue drops and counts."""

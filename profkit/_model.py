@@ -112,7 +112,9 @@ class CallSummary:
     events_total: int = 0
     truncated: str | None = None
     """Why the window stopped before the call ended: "max_window_s" (it ran too long),
-    "first_step" (a generator that may resume on another thread), or None (complete)."""
+    "busy_thread" (other requests on its thread filled it), "first_step" (a generator that
+    may resume on another thread), "foreign_profiler" (stopped for the user's profiler),
+    "max_events" (only the earliest events were summarised), or None (complete)."""
     device_active: bool = False
     diagnosis: Diagnosis | None = None
     trace_id: str = ""

@@ -60,6 +60,10 @@ class Processor:
         if self._trace_files is not None:
             with guard(self.stats, "trace_file"):
                 trace_path = self._trace_files.write(win.write_chrome_trace, win.id)
+        if read.cut:  # the earliest max_events events only
+            calls = [
+                c if c.truncated else dataclasses.replace(c, truncated="max_events") for c in calls
+            ]
         done = tuple(self._finish(c, trace_path, read.raw_count) for c in calls)
         return WindowSummary(win.id, done, read.raw_count, trace_path)
 

@@ -28,6 +28,10 @@ from ._window import Window, make_profiler, prime
 
 __all__ = ["Session", "make_sampler"]
 
+#: other root calls that may run on a window's thread while it records (a thread-local
+#: profiler records them too: on a busy event loop they fill a window within milliseconds)
+_MAX_OTHERS = 200
+
 
 def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
@@ -89,13 +93,17 @@ class Session:
         if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
             SLOT.vacate(win)
         elif time.monotonic() > win.deadline:
-            owner.truncate(win, "max_window_s")
+            owner.truncate(win, win.cut_reason)
         elif owner is not self.keeper:
             SLOT.close_retired(self.keeper)  # an idle window of a replaced session
         elif not win.full:
             return self._join(win, "window")
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
             owner.close_window(win)
+        else:  # another request on a thread the window records (an event loop's)
+            win.others += 1
+            if win.others > _MAX_OTHERS:
+                owner.truncate(win, "busy_thread")
         return None
 
     def _open(self, policy: str) -> CallRecord | None:

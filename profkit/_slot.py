@@ -79,8 +79,8 @@ class WindowSlot:
         self._thread_end = threading.local()
         #: the open window and its owner; None when the slot is free
         self.held: Held | None = None
-        #: user profilers starting now (they wait for our window; no new one may open)
-        self.foreign_starting = 0
+        #: when a user's profiler began to start (0.0: none); no window opens meanwhile
+        self.foreign_starting = 0.0
         #: since when the lock has been seen taken with no window in it (see acquire)
         self._empty_since = 0.0
 
@@ -128,11 +128,14 @@ class WindowSlot:
             and held.window.owner == threading.get_ident()
             and time.monotonic() > held.window.deadline
         ):
-            held.owner.truncate(held.window, "max_window_s")
+            held.owner.truncate(held.window, held.window.cut_reason)
 
     def may_open(self) -> bool:
         """No profiler of anyone else's is running or starting."""
-        return not self.foreign_starting and not foreign_profiler_active()
+        starting = self.foreign_starting
+        if starting and time.monotonic() - starting < _FOREIGN_START_S:
+            return False
+        return not foreign_profiler_active()
 
     def occupy(self, owner: WindowOwner, win: Window) -> None:
         """Record the window that now holds the acquired slot, on the window's own thread."""
@@ -238,6 +241,8 @@ class WindowSlot:
         self.__init__()  # type: ignore[misc]
 
 
+#: longest a user's profiler start keeps windows shut before torch's own flag takes over
+_FOREIGN_START_S = 5.0
 #: how often a waiter looks whether the slot was freed
 _POLL_S = 0.005
 #: seconds a lock may stay taken with no window before it is taken back as leaked
@@ -260,7 +265,7 @@ def _before_foreign_start() -> None:
         RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
             starting the profiler anyway would crash the process.
     """
-    SLOT.foreign_starting += 1
+    SLOT.foreign_starting = time.monotonic()
     held = SLOT.held
     if held is None:
         return
@@ -268,11 +273,12 @@ def _before_foreign_start() -> None:
     if win.owner == threading.get_ident():
         win.clobbered = True
         return
+    win.cut_reason = "foreign_profiler"
     win.deadline = 0.0  # stop at the next checkpoint
     limit = Deadline(max(5.0, 2 * win.config.max_window_s))
     while SLOT.held is not None and SLOT.held.window is win:
         if limit.passed:
-            SLOT.foreign_starting -= 1
+            SLOT.foreign_starting = 0.0
             raise RuntimeError(
                 "profkit: a sampled call on another thread still records a profiler "
                 "window; starting a second torch profiler now would crash the process "
@@ -283,7 +289,7 @@ def _before_foreign_start() -> None:
 
 def _after_foreign_start() -> None:
     """The foreign profiler is on (torch's flag now keeps new windows shut)."""
-    SLOT.foreign_starting = max(0, SLOT.foreign_starting - 1)
+    SLOT.foreign_starting = 0.0
 
 
 on_foreign_start(_before_foreign_start, _after_foreign_start)

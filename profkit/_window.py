@@ -69,28 +69,34 @@ _starting = threading.local()
 
 
 def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> None:
-    """Run ``before()`` ahead of any torch profiler start that is not profkit's own.
+    """Run ``before()`` ahead of any torch profiler that is not profkit's own.
 
-    ``torch.profiler.profile`` (and ``torch.autograd.profiler.profile``) call the module
-    hook ``torch.autograd.profiler._run_on_profiler_start`` right before enabling; profkit
-    wraps it once per process. ``before`` may block (to let an open window close) or raise
-    (rather than let two profilers run at once); ``after`` runs once the profiler is on.
+    ``torch.profiler.profile`` (and ``torch.autograd.profiler.profile``) first prepare the
+    profiler (``torch.autograd.profiler._prepare_profiler``, which already disturbs one that
+    runs on another thread) and then start it (the hook ``_run_on_profiler_start``). profkit
+    wraps both module functions once per process: ``before`` runs ahead of the preparation
+    and may block (to let an open window stop) or raise (rather than let two profilers
+    overlap); ``after`` runs once the profiler is on.
     """
-    original = getattr(_autograd_profiler, "_run_on_profiler_start", None)
-    if original is None or getattr(original, "_profkit_hook", False):
+    prepare = getattr(_autograd_profiler, "_prepare_profiler", None)
+    start = getattr(_autograd_profiler, "_run_on_profiler_start", None)
+    if prepare is None or start is None or getattr(start, "_profkit_hook", False):
         return
 
+    def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(_starting, "on", False):
+            before()
+        return prepare(*args, **kwargs)
+
     def run_on_profiler_start() -> None:
-        if getattr(_starting, "on", False):
-            original()
-            return
-        before()
         try:
-            original()
+            start()
         finally:
-            after()
+            if not getattr(_starting, "on", False):
+                after()
 
     run_on_profiler_start._profkit_hook = True  # type: ignore[attr-defined]
+    _autograd_profiler._prepare_profiler = prepare_profiler  # type: ignore[attr-defined]
     _autograd_profiler._run_on_profiler_start = run_on_profiler_start
 
 
@@ -184,6 +190,8 @@ class WindowEvents(NamedTuple):
     """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
     events: Sequence[Any]
     """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
+    cut: bool = False
+    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""
 
 
 class Window:
@@ -194,9 +202,11 @@ class Window:
         "calls",
         "clobbered",
         "config",
+        "cut_reason",
         "deadline",
         "id",
         "needed",
+        "others",
         "owner",
         "owner_thread",
         "prof",
@@ -220,6 +230,10 @@ class Window:
         self.deadline = time.monotonic() + config.max_window_s
         #: set when another profiler started on this window's thread (it empties ours)
         self.clobbered = False
+        #: why the window is cut short when its deadline passes
+        self.cut_reason = "max_window_s"
+        #: root calls of other requests seen on this window's thread while it recorded
+        self.others = 0
 
     @property
     def opened(self) -> int:
@@ -289,9 +303,13 @@ class Window:
     def read(self) -> WindowEvents:
         """The stopped window's events (on the export worker: parsing costs µs per event).
 
+        Past ``max_events`` raw events a CPU profile keeps its earliest ``max_events`` (the
+        calls are then exported as truncated); a profile that needs torch's own parser
+        (device or memory records) is not read at all.
+
         Raises:
             Unreadable: no profile (``no_profile``), another profiler started inside it
-                (``foreign_profiler``), or more than ``max_events`` raw events
+                (``foreign_profiler``), or too many events for torch's parser
                 (``too_many_events``).
         """
         prof, cfg = self.prof, self.config
@@ -301,15 +319,18 @@ class Window:
             raise Unreadable("foreign_profiler")
         kineto = prof.profiler.kineto_results if prof.profiler is not None else None
         raw = kineto.events() if kineto is not None else []
-        if len(raw) > cfg.max_events:
-            raise Unreadable("too_many_events")
+        count, cut = len(raw), len(raw) > cfg.max_events
+        if cut:
+            raw = sorted(raw, key=lambda k: k.start_ns())[: cfg.max_events]
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
             events = read_cpu_events(raw, trace_start, cfg.record_shapes)
         if events is None:
+            if cut:
+                raise Unreadable("too_many_events")
             events = list(prof.events())  # type: ignore[no-untyped-call]
-        return WindowEvents(len(raw), trace_start, events)
+        return WindowEvents(count, trace_start, events, cut)
 
     def write_chrome_trace(self, path: str) -> None:
         """Write the stopped window's Chrome/Perfetto trace to ``path`` (torch's own writer)."""
