@@ -134,7 +134,7 @@ class _Intervals:
                 throw = exc
 
 
-def _drive(it: Any, scope: Stepped, final: bool) -> Any:
+def _drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
     """Run a generator-protocol iterator to its end, its scope's frame set only while it runs.
 
     Yields what ``it`` yields, passes on what is sent or thrown in, returns what it returns.
