@@ -12,7 +12,9 @@ import itertools
 import threading
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import SpanContext
 
 from ._config import Config
 from ._deadline import Deadline
@@ -63,27 +65,37 @@ class Session:
     # -- request path -----------------------------------------------------------------------
 
     def begin_root(self, label: str) -> CallRecord | None:
-        """Count a root call and decide whether it runs under the profiler."""
+        """Count a root call and decide whether it runs under the profiler.
+
+        A call inside a trace that was not sampled is not profiled (its spans would never be
+        exported): it is counted as ``skipped_unsampled_trace`` before the sampler, a
+        trigger or an open window sees it, so it uses up none of them.
+        """
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
-        if held is not None:
-            if held.owner is not self:
-                SLOT.close_retired(self)
-            elif held.window.owner == threading.get_ident() and not held.window.full:
-                return self._join(held.window, "window")
+        if held is not None and held.owner is not self:
+            SLOT.close_retired(self)
+            held = None
+        otel = otel_context.get_current()  # empty (falsy) when no span is active: no lookup
+        parent = trace.get_current_span(otel).get_span_context() if otel else None
+        if parent is not None and parent.is_valid and not parent.trace_flags.sampled:
+            next(self.stats.unsampled_traces)  # lock-free, like the root count
+            return None
+        if held is not None and held.window.owner == threading.get_ident() and not held.window.full:
+            return self._join(held.window, "window", parent)
         if self._triggered.pending and self._triggered.take():
             policy = "trigger"
         else:
-            trace_id = _parent_trace_id() if self._ratio else None
+            trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
                 return None
             if self._limiter is not None and not self._limiter.allow():
                 self.stats.add("skipped_rate_limit")
                 return None
             policy = self._sampler.description
-        return self._open(policy)
+        return self._open(policy, parent)
 
-    def _open(self, policy: str) -> CallRecord | None:
+    def _open(self, policy: str, parent: SpanContext | None) -> CallRecord | None:
         if not SLOT.acquire():
             self._skip("skipped_busy")
             return None
@@ -103,7 +115,7 @@ class Session:
             SLOT.occupy(self, win)
             opened = True
             self.stats.add("windows")
-            return self._join(win, policy)
+            return self._join(win, policy, parent)
         finally:
             if not opened:
                 SLOT.vacate()
@@ -112,17 +124,16 @@ class Session:
         self.stats.add("sampled")
         self.stats.add(reason)
 
-    def _join(self, win: Window, policy: str) -> CallRecord:
+    def _join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
         win.opened += 1
         win.in_flight += 1
         warm = win.opened <= self.config.warmup
-        ctx = trace.get_current_span().get_span_context()
         call = CallRecord(
             window=win,
             index=len(win.calls),
             policy=policy,
             warmup=warm,
-            parent_span_context=ctx if ctx.is_valid else None,
+            parent_span_context=parent if parent is not None and parent.is_valid else None,
             thread_name=threading.current_thread().name,
         )
         win.calls.append(call)
@@ -217,8 +228,3 @@ class Session:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
         self._triggered = Triggered()
-
-
-def _parent_trace_id() -> int | None:
-    ctx = trace.get_current_span().get_span_context()
-    return ctx.trace_id if ctx.is_valid else None

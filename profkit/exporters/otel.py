@@ -146,11 +146,12 @@ class SpanExporter(Exporter):
             root = spans[0]
             root.set_status(Status(StatusCode.ERROR, f"{type(call.error).__name__}: {call.error}"))
             root.record_exception(call.error)
+        recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
+        if not recorded:
+            return call  # no ids: nothing may point at a span that does not exist
         sc = spans[0].get_span_context()
-        if not sc.is_valid:  # a no-op provider and no parent: no ids rather than zeros
-            return call
         return dataclasses.replace(
             call,
             trace_id=trace.format_trace_id(sc.trace_id),
