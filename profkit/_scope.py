@@ -27,6 +27,7 @@ from torch.autograd.profiler import record_function
 from . import _errors
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
+from ._text import escape
 
 __all__ = [
     "FRAME",
@@ -131,6 +132,7 @@ def _open(
     code: CodeInfo | None,
 ) -> ScopeHandle:
     """Record a scope of a sampled call and open its ``record_function`` range."""
+    label = escape(label)  # torch cannot record a lone surrogate; the summary matches on it
     handle = ScopeHandle(call, session)
     record = ScopeRecord(label, parent, attributes, code, threading.get_ident(), time.time_ns())
     index = len(call.scopes)

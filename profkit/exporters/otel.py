@@ -16,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from .._model import CallSummary, OpRow, ScopeSummary, WindowSummary
+from .._model import CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
 from .._version import __version__
 from . import Exporter
 
@@ -28,6 +28,8 @@ _MAX_SPAN_ATTRIBUTES = 128
 _MAX_FLUSH_S = 86_400.0
 #: longest per-op array on a span
 _MAX_ROWS = 32
+#: bound of error text in a summary that profkit did not build (the default setting)
+_DEFAULT_TEXT_LIMIT = 256
 
 
 def op_attributes(rows: Sequence[OpRow]) -> dict[str, Any]:
@@ -143,9 +145,7 @@ class SpanExporter(Exporter):
                 )
             )
         if call.error is not None:
-            root = spans[0]
-            root.set_status(Status(StatusCode.ERROR, f"{type(call.error).__name__}: {call.error}"))
-            root.record_exception(call.error)
+            _record_error(spans[0], call)
         recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
@@ -164,3 +164,20 @@ class SpanExporter(Exporter):
         if flush is None:
             return True
         return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))
+
+
+def _record_error(span: Span, call: CallSummary) -> None:
+    """Status ERROR and an ``exception`` event, from the call's bounded error text."""
+    text = call.error_text
+    if text is None:  # a summary not built by profkit: bounded here, at the default limit
+        assert call.error is not None
+        text = ErrorText.of(call.error, _DEFAULT_TEXT_LIMIT)
+    span.set_status(Status(StatusCode.ERROR, text.description))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": text.type,
+            "exception.message": text.message,
+            "exception.stacktrace": text.stacktrace,
+        },
+    )
