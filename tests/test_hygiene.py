@@ -249,6 +249,7 @@ def test_unencodable_and_control_characters_are_cleaned() -> None:
     texts = [s.name for s in spans] + [t for a in attrs for t in _strings(a)]
     texts += list(_strings(logs))
     texts += [line for table in tables for line in str(table).split("\n")]
+    assert len(tables) == 5
     assert [] == [t for t in texts if _unclean(t)]
     assert "\x1b" not in console.getvalue()
     assert "op\\x1b[2J" in console.getvalue()  # escaped, visible
