@@ -34,6 +34,7 @@ class Processor:
                 compress=config.trace_gzip,
                 max_files=config.trace_max_files,
                 max_bytes=config.trace_max_bytes,
+                strip_values=config.record_shapes,  # torch records values only with shapes
             )
             if config.trace_dir
             else None
