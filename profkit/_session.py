@@ -61,6 +61,9 @@ class Session:
         #: the next window's profiler object, built by start() and by the worker after each
         #: window: building one (~0.1 ms) is then not on the sampled request's path
         self._spare: Any = None
+        #: ``otlp_spans_failed`` when a flush last reported (a later failure makes it False)
+        self._failures_reported = 0
+        self._flush_lock = threading.Lock()
 
     # -- request path -----------------------------------------------------------------------
 
@@ -205,20 +208,34 @@ class Session:
         self._triggered.add(n)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every handed-off window is exported or dropped, then flush exporters."""
-        return self.pipeline.force_flush(Deadline(timeout))
+        """Wait until every handed-off window is exported or dropped, then flush exporters.
+
+        False also when profkit spans failed OTLP export since the last flush or shutdown
+        (counted by :func:`profkit.exporters.otlp.otlp_span_processor`).
+        """
+        flushed = self.pipeline.force_flush(Deadline(timeout))
+        return self._no_new_span_failures() and flushed
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.
 
         A window still open at the deadline (or on the calling thread itself) is counted as
-        dropped with reason "shutdown" when its call ends.
+        dropped with reason "shutdown" when its call ends. The result is False as for
+        :meth:`force_flush`.
         """
         deadline = Deadline(timeout)
         self.active = False
         SLOT.wait_for_other_thread(self, deadline)
         self.close_idle_window()
-        return self.pipeline.shutdown(deadline)
+        flushed = self.pipeline.shutdown(deadline)
+        return self._no_new_span_failures() and flushed
+
+    def _no_new_span_failures(self) -> bool:
+        """Whether no profkit span failed OTLP export since this was last asked."""
+        failed = self.stats.snapshot()["otlp_spans_failed"]
+        with self._flush_lock:
+            seen, self._failures_reported = self._failures_reported, failed
+        return failed <= seen
 
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
@@ -228,3 +245,5 @@ class Session:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
         self._triggered = Triggered()
+        self._failures_reported = 0
+        self._flush_lock = threading.Lock()

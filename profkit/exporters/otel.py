@@ -23,8 +23,10 @@ from .._text import clip
 from .._version import __version__
 from . import Exporter
 
-__all__ = ["SpanExporter", "op_attributes", "op_table", "scope_attributes"]
+__all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_attributes"]
 
+#: the tracer (instrumentation scope) name of profkit's spans
+TRACER_NAME = "profkit"
 #: OTel's default span attribute count limit; profkit stays under it
 _MAX_SPAN_ATTRIBUTES = 128
 #: longest flush wait handed to a provider (an infinite timeout is capped here)
@@ -143,7 +145,7 @@ class SpanExporter(Exporter):
 
     def _tracer(self) -> trace.Tracer:
         # resolved per export: the host may install its provider after profkit.configure()
-        return trace.get_tracer("profkit", __version__, tracer_provider=self._provider)
+        return trace.get_tracer(TRACER_NAME, __version__, tracer_provider=self._provider)
 
     def emit(self, summary: WindowSummary) -> WindowSummary:
         """Emit the spans; returns the summary with each call's trace and span ids filled in."""
@@ -188,8 +190,13 @@ class SpanExporter(Exporter):
         )
 
     def force_flush(self, timeout: float = 5.0) -> bool:
-        provider = self._provider or trace.get_tracer_provider()
-        flush = getattr(provider, "force_flush", None)
+        """Flush the provider given to profkit; the application's global one is left alone.
+
+        The global provider belongs to the application: flushing it would wait for all of
+        the service's spans (seconds with a collector down). A provider passed to
+        ``configure(tracer_provider=...)`` was handed to profkit, so profkit flushes it.
+        """
+        flush = getattr(self._provider, "force_flush", None)
         if flush is None:
             return True
         return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))
