@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from ._config import Config
 from ._deadline import Deadline
@@ -28,6 +28,11 @@ from ._slot import SLOT
 from ._window import Window, foreign_profiler_active, make_profiler, prime
 
 __all__ = ["Session", "make_sampler"]
+
+_SAMPLED = TraceFlags.SAMPLED
+#: the key under which OTel's API keeps the current span in a context, found through the API
+#: itself: a dict lookup then replaces trace.get_current_span()'s calls and isinstance check
+_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
 def make_sampler(config: Config) -> Sampler:
@@ -80,8 +85,10 @@ class Session:
             SLOT.close_retired(self)
             held = None
         otel = otel_context.get_current()  # empty (falsy) when no span is active: no lookup
-        parent = trace.get_current_span(otel).get_span_context() if otel else None
-        if parent is not None and parent.is_valid and not parent.trace_flags.sampled:
+        span: Any = otel.get(_SPAN_KEY) if otel else None  # trace.get_current_span(), minus ~250 ns
+        parent: SpanContext | None = span.get_span_context() if span is not None else None
+        # the sampled bit first: one int operation on the usual path (a sampled trace)
+        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
         if held is not None and held.window.owner == threading.get_ident() and not held.window.full:
