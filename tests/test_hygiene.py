@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,8 +291,10 @@ def test_console_exporter_escapes_control_characters_in_what_it_prints() -> None
 
 @profkit.profiled("explode")
 def explode(n: int) -> None:
-    """Raises an exception with a huge message."""
-    torch.mm(X, X)
+    """Raises an exception with a huge message, after a region whose label is huge too."""
+    with profkit.region("R" * 5000):
+        time.sleep(0.002)  # most of the call: the diagnosis quotes this region's label
+        torch.mm(X, X)
     raise ValueError("x" * n)
 
 
@@ -305,17 +308,21 @@ def test_error_text_is_bounded_and_the_exception_untouched() -> None:
     ):
         explode(1_000_000)
     assert 1_000_000 == len(str(info.value))
-    (span,) = cap.spans()
+    (call,) = cap.calls
+    assert call.diagnosis is not None
+    assert "RRR" in call.diagnosis.reason + repr(call.diagnosis.amdahl)  # labels are quoted
+    (span,) = [s for s in cap.spans() if s.name == "explode"]
     assert span.status.description is not None
     assert span.status.description.startswith("ValueError: xxx")
     (event,) = span.events
     assert "exception" == event.name
     assert "ValueError" == (event.attributes or {})["exception.type"]
-    written = [span.name, span.status.description]
+    written = [s.name for s in cap.spans()] + [span.status.description]
     written += [t for e in span.events for t in _strings(dict(e.attributes or {}))]
     written += [
         t
-        for k, v in (span.attributes or {}).items()
+        for s in cap.spans()
+        for k, v in (s.attributes or {}).items()
         if k != "profkit.ops.table"
         for t in _strings(v)
     ]
