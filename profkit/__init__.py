@@ -9,7 +9,15 @@ from ._api import profiled, region
 from ._config import Config, ProfkitConfigWarning
 from ._errors import StatsSnapshot
 from ._global import configure, force_flush, get_config, shutdown, stats, trigger
-from ._model import CallSummary, CodeInfo, Diagnosis, OpRow, ScopeSummary, WindowSummary
+from ._model import (
+    CallSummary,
+    CodeInfo,
+    Diagnosis,
+    ErrorText,
+    OpRow,
+    ScopeSummary,
+    WindowSummary,
+)
 from ._version import __version__
 from .exporters import Exporter
 
@@ -18,6 +26,7 @@ __all__ = [
     "CodeInfo",
     "Config",
     "Diagnosis",
+    "ErrorText",
     "Exporter",
     "OpRow",
     "ProfkitConfigWarning",

@@ -30,7 +30,12 @@ R = TypeVar("R")
 
 
 def _code_info(func: Any) -> CodeInfo | None:
-    target = inspect.unwrap(getattr(func, "__func__", func))
+    target = getattr(func, "__func__", func)
+    while isinstance(target, functools.partial):
+        target = target.func
+    target = inspect.unwrap(getattr(target, "__func__", target))
+    if not hasattr(target, "__code__") and callable(target):
+        target = type(target).__call__  # a callable instance: where its __call__ lives
     code = getattr(target, "__code__", None)
     if code is None:
         return None
@@ -241,9 +246,25 @@ class _InScope:
         return _drive(self._awaitable.__await__(), self._scope, final=False)
 
 
-def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+def default_label(func: Any) -> str:
+    """A callable's label from qualified names only, never ``repr()``.
+
+    ``repr()`` of a ``functools.partial`` shows its bound arguments (an API key) and that of
+    most objects an address, so neither may name a span. A partial is labelled by the
+    function it wraps, a callable instance by its type's ``__call__``.
+    """
     target = getattr(func, "__func__", func)
-    label = name or getattr(target, "__qualname__", None) or repr(target)
+    while isinstance(target, (functools.partial, functools.partialmethod)):
+        target = target.func
+    target = getattr(target, "__func__", target)
+    qualname = getattr(target, "__qualname__", None)
+    if isinstance(qualname, str) and qualname:
+        return qualname
+    return f"{getattr(type(target), '__qualname__', 'callable')}.__call__"
+
+
+def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+    label = name or default_label(func)
     kind = _kind(func)
     attrs = dict(attributes or {})
     if kind == "sync" and type(func) is types.FunctionType:
@@ -295,7 +316,9 @@ def profiled(
     (``@profiled(name="predict", attributes={"model": "mlp"})``). Works on functions,
     methods, classmethods, staticmethods, coroutine functions, generators and async
     generators; signature, name, docstring and ``inspect`` results are kept, and results and
-    exceptions pass through untouched. The label defaults to ``__qualname__``.
+    exceptions pass through untouched. The label defaults to ``__qualname__`` (that of the
+    wrapped function for a ``functools.partial``, ``<type>.__call__`` for a callable
+    instance), never to a ``repr()`` that could show argument values or addresses.
     """
     if isinstance(func, str):
         label = func

@@ -15,9 +15,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ENV_VARS", "Config", "ProfkitConfigWarning", "build_config"]
+__all__ = ["ENV_VARS", "MAX_EXPORT_TIMEOUT", "Config", "ProfkitConfigWarning", "build_config"]
 
 _ACTIVITIES = ("auto", "cpu", "cuda", "cpu,cuda")
+#: longest ``export_timeout`` (an hour): an exporter that may take longer per window than
+#: this is hung, and timeouts near ``threading.TIMEOUT_MAX`` overflow the standard library
+MAX_EXPORT_TIMEOUT = 3600.0
 _EXPORTERS = ("console", "json", "log", "otel")
 
 
@@ -78,7 +81,8 @@ class Config:
     """Stopped windows waiting for the export worker; a full queue drops and counts."""
 
     export_timeout: float = 5.0
-    """Seconds one exporter may take for one window before it is cut off and counted."""
+    """Seconds (at most 3600) one exporter may take for one window before it is cut off and
+    counted."""
 
     exporters: tuple[str, ...] = ("otel", "log")
     """Built-in exporters by name: "otel" (spans), "log" (structlog events), "console", "json"."""
@@ -118,10 +122,12 @@ class Config:
     """Diagnosis: share of op time taken by the top two ops at which a call is compute-bound."""
 
     tracer_provider: Any = None
-    """OTel TracerProvider for spans; None uses the global provider."""
+    """OTel TracerProvider for spans, flushed by profkit's flushes; None uses the global one,
+    which profkit never flushes."""
 
     logger: Any = None
-    """structlog-style logger for events; None uses ``structlog.get_logger("profkit")``."""
+    """structlog-style logger (``info``, ``warning``) for events; None uses
+    ``structlog.get_logger("profkit")``."""
 
     extra_exporters: tuple[Any, ...] = ()
     """Exporter objects (see :class:`profkit.exporters.Exporter`) added to the named ones."""
@@ -218,7 +224,10 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, _is_int(value) and value >= 1, value, "must be an int >= 1")
     elif name == "warmup":
         _check(name, _is_int(value) and value >= 0, value, "must be an int >= 0")
-    elif name in ("export_timeout", "launch_bound_op_us", "max_window_s"):
+    elif name == "export_timeout":
+        ok = _is_num(value) and 0 < value <= MAX_EXPORT_TIMEOUT
+        _check(name, ok, value, f"must be a number of seconds in (0, {MAX_EXPORT_TIMEOUT:g}]")
+    elif name in ("launch_bound_op_us", "max_window_s"):
         _check(name, _is_num(value) and value > 0, value, "must be a number > 0")
     elif name in ("input_bound_share", "compute_bound_top2_share"):
         _check(name, _is_num(value) and 0 < value <= 1, value, "must be a number in (0, 1]")
@@ -230,6 +239,12 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, ok, value, f"must be a tuple of names from {_EXPORTERS}")
     elif name == "trace_dir":
         _check(name, value is None or isinstance(value, str), value, "must be a path or None")
+    elif name == "tracer_provider":
+        ok = value is None or callable(getattr(value, "get_tracer", None))
+        _check(name, ok, value, "must be an OpenTelemetry TracerProvider (get_tracer()) or None")
+    elif name == "logger":
+        ok = value is None or all(callable(getattr(value, m, None)) for m in ("info", "warning"))
+        _check(name, ok, value, "must be a logger with info() and warning() methods, or None")
     elif name == "extra_exporters":
         ok = isinstance(value, tuple) and all(callable(getattr(v, "export", None)) for v in value)
         _check(name, ok, value, "must be a tuple of objects with an export() method")

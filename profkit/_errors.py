@@ -29,9 +29,10 @@ class StatsSnapshot(TypedDict):
     """What :func:`profkit.stats` returns: the counters of the global session.
 
     Every root call is exactly one of ``sampled``, ``warmup_calls`` or ``unsampled``
-    (``skipped_rate_limit`` is part of ``unsampled``). Every sampled call ends as exactly one
-    of ``exported``, ``dropped`` (by reason in ``dropped_reasons``), ``skipped_busy`` or
-    ``skipped_foreign``, or is still pending: once ``force_flush()`` returned True,
+    (``skipped_rate_limit`` and ``skipped_unsampled_trace`` are part of ``unsampled``: those
+    calls are not profiled). Every sampled call ends as exactly one of ``exported``,
+    ``dropped`` (by reason in ``dropped_reasons``), ``skipped_busy`` or ``skipped_foreign``, or
+    is still pending: once ``force_flush()`` returned True,
     ``sampled == exported + dropped + skipped_busy + skipped_foreign``.
     """
 
@@ -39,10 +40,13 @@ class StatsSnapshot(TypedDict):
     sampled: int
     unsampled: int
     exported: int
+    """Calls handed to a recording span or taken by an exporter (log events, console, ...)."""
     dropped: int
     skipped_busy: int
     skipped_foreign: int
     skipped_rate_limit: int
+    skipped_unsampled_trace: int
+    """Root calls not profiled because the active trace was not sampled (part of unsampled)."""
     warmup_calls: int
     windows: int
     errors: int
@@ -59,10 +63,21 @@ class Stats:
         self._lock = threading.Lock()
         #: root-call counter, lock-free: the off-sample path calls ``next()`` on it directly
         self.roots = itertools.count()
+        #: root calls in unsampled traces, lock-free for the same reason
+        self.unsampled_traces = itertools.count()
         self._counts: Counter[str] = Counter()
         self.dropped_reasons: Counter[str] = Counter()
         self.error_reasons: Counter[str] = Counter()
         self._logged: set[str] = set()
+        self._asked: dict[str, int] = {}
+
+    def grown_since_asked(self, name: str) -> int:
+        """How much counter ``name`` grew since this was last asked (0 the first time too)."""
+        with self._lock:
+            now = self._counts[name]
+            seen = self._asked.get(name, 0)
+            self._asked[name] = now
+        return now - seen
 
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters (and lock); the parent keeps its own."""
@@ -70,9 +85,7 @@ class Stats:
 
     @property
     def root_calls(self) -> int:
-        # repr(count) is "count(<next value>)": its current value, without consuming one (and,
-        # unlike count.__reduce__, still there in Python 3.14)
-        return int(repr(self.roots)[6:-1])
+        return _peek(self.roots)
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -113,6 +126,7 @@ class Stats:
             skipped_busy=counts.get("skipped_busy", 0),
             skipped_foreign=counts.get("skipped_foreign", 0),
             skipped_rate_limit=counts.get("skipped_rate_limit", 0),
+            skipped_unsampled_trace=_peek(self.unsampled_traces),
             warmup_calls=warmup,
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),
@@ -158,6 +172,12 @@ def internal(stats: Stats, reason: str, exc: Exception) -> None:
     stats.error(reason, exc)
     if raise_internal:
         raise exc
+
+
+def _peek(count: itertools.count[int]) -> int:
+    # repr(count) is "count(<next value>)": its current value, without consuming one (and,
+    # unlike count.__reduce__, still there in Python 3.14)
+    return int(repr(count)[6:-1])
 
 
 @contextmanager

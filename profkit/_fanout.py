@@ -163,31 +163,42 @@ class Fanout:
     def _all(self) -> list[_Runner]:
         return ([self._spans] if self._spans is not None else []) + self._runners
 
-    def export(self, summary: WindowSummary) -> str | None:
-        """Spans first, then every exporter; None when all took it, else the last failure."""
+    def export(self, summary: WindowSummary) -> tuple[int, str | None]:
+        """Spans first, then every exporter: (calls delivered, why the others were not).
+
+        A call is delivered when every exporter took it and it reached at least one place:
+        a recording span, or an exporter (log events, console, yours). A failing exporter
+        fails the window's calls (the last failure is the reason), as before.
+        """
         failure = None
         if self._spans is not None:
             spans = self._spans.exporter
             assert isinstance(spans, SpanExporter)
-            result = self._run(self._spans, functools.partial(spans.emit, summary))
-            if isinstance(result, WindowSummary):
+            ok, result = self._run(self._spans, functools.partial(spans.emit, summary))
+            if ok:
                 summary = result  # calls now carry their span's trace and span ids
             else:
                 failure = result
         for runner in self._runners:
-            result = self._run(runner, functools.partial(runner.exporter.export, summary))
-            if isinstance(result, str):
+            ok, result = self._run(runner, functools.partial(runner.exporter.export, summary))
+            if not ok:
                 failure = result
-        return failure
+        if failure is not None:
+            return 0, failure
+        if self._runners:
+            return len(summary.calls), None
+        if self._spans is None:
+            return 0, "no_exporter"
+        return sum(1 for c in summary.calls if c.span_id), "span_not_recording"
 
-    def _run(self, runner: _Runner, fn: Callable[[], Any]) -> Any:
-        """``fn``'s result, or the drop reason (a str) when it failed or timed out."""
+    def _run(self, runner: _Runner, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, ``fn``'s result), or (False, the drop reason) when it failed or timed out."""
         finished, result = runner.call(fn, self._timeout)
         if finished and not isinstance(result, BaseException):
-            return result
+            return True, result
         reason = f"{'export_error' if finished else 'export_timeout'}:{runner.name}"
         self.stats.error(reason, result)
-        return reason
+        return False, reason
 
     def flush(self, deadline: Deadline) -> bool:
         """Flush every exporter within the one deadline; True when all succeeded."""

@@ -64,9 +64,13 @@ def install(session: Session | None) -> Session | None:
     with _configure_lock:
         old: Session | None = GLOBAL.session
         GLOBAL.session = session
-        DEFAULT.counters = session.stats if session is not None else None
-        if session is None and old is not None:
+        if session is not None:
+            DEFAULT.counters = session.stats
+        elif old is not None:
+            # stats() keeps reporting the shut-down session: OTLP failures of its spans,
+            # during its shutdown's flush or later, are counted there too
             _last.session = old
+            DEFAULT.counters = old.stats
     return old
 
 
@@ -127,7 +131,10 @@ def shutdown(timeout: float = 5.0) -> bool:
 
 def forget() -> None:
     """Drop the shut-down session whose final counters ``stats()`` still reports."""
-    _last.session = None
+    with _configure_lock:
+        _last.session = None
+        if GLOBAL.session is None:
+            DEFAULT.counters = None
 
 
 def _at_exit() -> None:

@@ -8,14 +8,18 @@ synthetic summaries.
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Literal, TypeAlias
+
+from ._text import clean, clip
 
 __all__ = [
     "AttrValue",
     "CallSummary",
     "CodeInfo",
     "Diagnosis",
+    "ErrorText",
     "OpRow",
     "ScopeSummary",
     "WindowSummary",
@@ -94,6 +98,44 @@ class Diagnosis:
 
 
 @dataclasses.dataclass(frozen=True)
+class ErrorText:
+    """The exception a call raised, as the bounded, cleaned text that exporters write.
+
+    Each field is at most ``max_attribute_length`` characters. The exception object itself is
+    ``CallSummary.error``, untouched.
+    """
+
+    type: str
+    """The exception's class name."""
+    message: str
+    """``str(exception)``."""
+    description: str
+    """``"<type>: <message>"``, the span status description."""
+    stacktrace: str
+    """The traceback's frames, innermost kept when cut (newlines between lines)."""
+
+    @classmethod
+    def of(cls, error: BaseException, limit: int) -> ErrorText:
+        """The text of ``error``, each field cleaned and cut at ``limit`` characters.
+
+        The message is read with ``str()`` once; one that cannot be read becomes a
+        placeholder. The exception itself is not changed.
+        """
+        kind = clean(type(error).__name__, limit)
+        try:
+            message = str(error)
+        except Exception:
+            message = "<unprintable message>"
+        frames = "".join(traceback.format_tb(error.__traceback__)).splitlines()
+        return cls(
+            type=kind,
+            message=clean(message, limit),
+            description=clean(f"{kind}: {message}", limit),
+            stacktrace=clip("\n".join(clean(line) for line in frames), limit, keep_end=True),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class CallSummary:
     """One sampled root call: its scope tree with op tables, and how it was sampled."""
 
@@ -107,6 +149,9 @@ class CallSummary:
     policy: str
     attribution: Attribution
     error: BaseException | None = None
+    """The exception the call raised (the caller got the same object), else None."""
+    error_text: ErrorText | None = None
+    """``error`` as bounded text: what exporters write about it."""
     thread_name: str = ""
     trace_path: str | None = None
     events_total: int = 0
@@ -118,9 +163,13 @@ class CallSummary:
     device_active: bool = False
     diagnosis: Diagnosis | None = None
     trace_id: str = ""
-    """Hex trace id of the call's span once the span step made it (else empty)."""
+    """Hex trace id of the call's span once the span step recorded it (else empty)."""
     span_id: str = ""
-    """Hex span id of the call's span once the span step made it (else empty)."""
+    """Hex span id of the call's span once the span step recorded it.
+
+    Empty when no span was recorded: spans off, a no-op TracerProvider, or a provider whose
+    sampler dropped the span (then nothing refers to a span that does not exist).
+    """
 
     @property
     def root(self) -> ScopeSummary:

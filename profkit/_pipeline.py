@@ -5,8 +5,10 @@ count of calls not yet exported, and its own re-initialisation in a forked child
 flush and shutdown share ONE deadline across every step (waiting for the queue, the worker,
 each exporter), and a hung exporter is still cut off (see :mod:`profkit._fanout`).
 
-Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported``, or
-``dropped`` with a reason (``queue_full``, ``shutdown``, or what processing reported).
+Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported`` (it
+reached a recording span or an exporter took it), or ``dropped`` with a reason
+(``queue_full``, ``shutdown``, ``span_not_recording``, ``no_exporter``, or what processing
+and the exporters reported).
 """
 
 from __future__ import annotations
@@ -123,13 +125,14 @@ class ExportPipeline:
     def _handle(self, win: Window) -> None:
         recorded = win.recorded
         try:
-            reason: str | None = "worker_error"
+            exported, reason = 0, "worker_error"
             with guard(self.stats, "worker"):
-                reason = self._export(win)
-            if reason is None:
-                self.stats.add("exported", recorded)
-            elif recorded:
-                self.stats.drop(reason, recorded)
+                exported, why = self._export(win)
+                reason = why or "no_summary"  # recorded calls that left no summary
+            if exported:
+                self.stats.add("exported", exported)
+            if recorded > exported:
+                self.stats.drop(reason, recorded - exported)
         finally:
             win.release()  # events and kineto results freed now, by reference counting
             self._windows_done += 1
@@ -147,13 +150,13 @@ class ExportPipeline:
         with self._idle:
             self._idle.notify_all()
 
-    def _export(self, win: Window) -> str | None:
-        """Summarise and export one window: None when every exporter took it, else why not."""
+    def _export(self, win: Window) -> tuple[int, str | None]:
+        """Summarise and export one window: (calls delivered, why the others were not)."""
         summary = self.processor.summarise(win)
         if isinstance(summary, str):
-            return summary
+            return 0, summary
         if not summary.calls:
-            return None
+            return 0, None
         return self.fanout.export(summary)
 
     # -- control ----------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import dataclasses
 from ._config import Config
 from ._diagnosis import Thresholds, diagnose
 from ._errors import Stats, guard
-from ._model import CallSummary, WindowSummary
+from ._model import CallSummary, Diagnosis, WindowSummary
 from ._summary import build_calls
+from ._text import clean
 from ._window import Unreadable, Window
 from .exporters.chrome import TraceFileWriter
 
@@ -33,6 +34,7 @@ class Processor:
                 compress=config.trace_gzip,
                 max_files=config.trace_max_files,
                 max_bytes=config.trace_max_bytes,
+                strip_values=config.record_shapes,  # torch records values only with shapes
             )
             if config.trace_dir
             else None
@@ -59,7 +61,8 @@ class Processor:
         trace_path = None
         if self._trace_files is not None:
             with guard(self.stats, "trace_file"):
-                trace_path = self._trace_files.write(win.write_chrome_trace, win.id)
+                path = self._trace_files.write(win.write_chrome_trace, win.id)
+                trace_path = clean(path, cfg.max_attribute_length, keep_end=True)
         if read.cut:  # the earliest max_events events only
             calls = [
                 c if c.truncated else dataclasses.replace(c, truncated="max_events") for c in calls
@@ -70,7 +73,16 @@ class Processor:
     def _finish(self, call: CallSummary, trace_path: str | None, events: int) -> CallSummary:
         diagnosis = None
         with guard(self.stats, "diagnosis"):
-            diagnosis = diagnose(call, self._thresholds)
+            diagnosis = _bounded(diagnose(call, self._thresholds), self.config.max_attribute_length)
         return dataclasses.replace(
             call, trace_path=trace_path, events_total=events, diagnosis=diagnosis
         )
+
+
+def _bounded(diagnosis: Diagnosis, limit: int) -> Diagnosis:
+    """The diagnosis with its texts (they quote labels and op names) cut at ``limit``."""
+    return dataclasses.replace(
+        diagnosis,
+        reason=clean(diagnosis.reason, limit),
+        amdahl=[(clean(what, limit), f, s) for what, f, s in diagnosis.amdahl],
+    )

@@ -34,6 +34,7 @@ from . import _errors
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
 from ._slot import SLOT
+from ._text import escape
 
 __all__ = [
     "FRAME",
@@ -108,6 +109,7 @@ def _open(
     code: CodeInfo | None,
 ) -> Active:
     """Record a scope of a sampled call, make it the frame, open its ``record_function``."""
+    label = escape(label)  # torch cannot record a lone surrogate; the summary matches on it
     record = ScopeRecord(
         label,
         parent.scope if parent is not None else -1,
@@ -352,7 +354,7 @@ class Stepped:
         """
         entered = self._entered
         if entered is not None and entered.session is not None and not entered.call.stopped:
-            entered.session.yielded(entered.call)
+            entered.session.keeper.yielded(entered.call)
 
     def finish(self, error: BaseException | None) -> None:
         """The generator is done (returned, raised or closed): end the scope (idempotent)."""

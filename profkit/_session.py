@@ -13,7 +13,9 @@ import threading
 import time
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from ._config import Config
 from ._deadline import Deadline
@@ -31,6 +33,10 @@ __all__ = ["Session", "make_sampler"]
 #: other root calls that may run on a window's thread while it records (a thread-local
 #: profiler records them too: on a busy event loop they fill a window within milliseconds)
 _MAX_OTHERS = 200
+_SAMPLED = TraceFlags.SAMPLED
+#: the key under which OTel's API keeps the current span in a context, found through the API
+#: itself: a dict lookup then replaces trace.get_current_span()'s calls and isinstance check
+_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
 def make_sampler(config: Config) -> Sampler:
@@ -59,36 +65,51 @@ class Session:
             config.queue_size,
             after_each=self._build_spare,
         )
-        self.keeper = WindowKeeper(self.stats, self.pipeline)
+        self.keeper = WindowKeeper(self.stats, self.pipeline, config.all_threads)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
         #: the next window's profiler object, built by start() and by the worker after each
         #: window: building one (~0.1 ms) is then not on the sampled request's path
         self._spare: Any = None
+        #: ``otlp_spans_failed`` when a flush last reported (a later failure makes it False)
 
     # -- request path -----------------------------------------------------------------------
 
     def begin_root(self, label: str) -> CallRecord | None:
-        """Count a root call and decide whether it runs under the profiler."""
+        """Count a root call and decide whether it runs under the profiler.
+
+        A call inside a trace that was not sampled is not profiled (its spans would never be
+        exported): it is counted as ``skipped_unsampled_trace`` before the sampler, a
+        trigger or an open window sees it, so it uses up none of them.
+        """
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
+        otel = otel_context.get_current()  # empty (falsy) when no span is active: no lookup
+        span: Any = otel.get(_SPAN_KEY) if otel else None  # trace.get_current_span(), minus ~250 ns
+        parent: SpanContext | None = span.get_span_context() if span is not None else None
         if held is not None and held.window.owner == threading.get_ident():
-            call = self._on_own_thread(held.owner, held.window)
+            call = self._on_own_thread(held.owner, held.window, parent)
             if call is not None:
                 return call
+        # the sampled bit first: one int operation on the usual path (a sampled trace)
+        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+            next(self.stats.unsampled_traces)  # lock-free, like the root count
+            return None
         if self._triggered.pending and self._triggered.take():
             policy = "trigger"
         else:
-            trace_id = _parent_trace_id() if self._ratio else None
+            trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
                 return None
             if self._limiter is not None and not self._limiter.allow():
                 self.stats.add("skipped_rate_limit")
                 return None
             policy = self._sampler.description
-        return self._open(policy)
+        return self._open(policy, parent)
 
-    def _on_own_thread(self, owner: WindowOwner, win: Window) -> CallRecord | None:
+    def _on_own_thread(
+        self, owner: WindowOwner, win: Window, parent: SpanContext | None
+    ) -> CallRecord | None:
         """A root call on the thread of the open window: a checkpoint, then join it or not."""
         if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
             SLOT.vacate(win)
@@ -97,7 +118,9 @@ class Session:
         elif owner is not self.keeper:
             SLOT.close_retired(self.keeper)  # an idle window of a replaced session
         elif not win.full:
-            return self._join(win, "window")
+            if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+                return None  # an unsampled trace does not join (counted by the caller)
+            return self._join(win, "window", parent)
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
             owner.close_window(win)
         else:  # another request on a thread the window records (an event loop's)
@@ -106,7 +129,7 @@ class Session:
                 owner.truncate(win, "busy_thread")
         return None
 
-    def _open(self, policy: str) -> CallRecord | None:
+    def _open(self, policy: str, parent: SpanContext | None) -> CallRecord | None:
         if not SLOT.acquire():
             self._skip("skipped_busy")
             return None
@@ -126,7 +149,7 @@ class Session:
                 return None
             self.stats.add("windows")
             SLOT.occupy(self.keeper, win)
-            call = self._join(win, policy)
+            call = self._join(win, policy, parent)
             opened = True  # only now: an exception before leaves no window without its call
             return call
         finally:
@@ -139,15 +162,14 @@ class Session:
         self.stats.add("sampled")
         self.stats.add(reason)
 
-    def _join(self, win: Window, policy: str) -> CallRecord:
+    def _join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
         warm = len(win.calls) < self.config.warmup
-        ctx = trace.get_current_span().get_span_context()
         call = CallRecord(
             window=win,
             index=len(win.calls),
             policy=policy,
             warmup=warm,
-            parent_span_context=ctx if ctx.is_valid else None,
+            parent_span_context=parent if parent is not None and parent.is_valid else None,
             thread_name=threading.current_thread().name,
         )
         self.stats.add("warmup_calls" if warm else "sampled")
@@ -164,23 +186,6 @@ class Session:
             held = SLOT.held
             if held is not None and held.window is win:
                 self.keeper.close_window(win)
-
-    def yielded(self, call: CallRecord) -> None:
-        """A sampled generator root yielded; its next step may run on another thread.
-
-        Its thread-local window stops now (the calls are exported as truncated,
-        ``"first_step"``); a window recording all threads goes on (any thread can stop it).
-        """
-        held = SLOT.held
-        if (
-            not self.config.all_threads
-            and held is not None
-            and held.window is call.window
-            and call.window.owner == threading.get_ident()
-        ):
-            self.keeper.truncate(call.window, "first_step")
-
-    # -- control ----------------------------------------------------------------------------
 
     def start(self) -> None:
         """Prime the profiler (once per process) and start the export worker.
@@ -206,20 +211,31 @@ class Session:
         self._triggered.add(n)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every handed-off window is exported or dropped, then flush exporters."""
-        return self.pipeline.force_flush(Deadline(timeout))
+        """Wait until every handed-off window is exported or dropped, then flush exporters.
+
+        False also when profkit spans failed OTLP export since the last flush or shutdown
+        (counted by :func:`profkit.exporters.otlp.otlp_span_processor`).
+        """
+        flushed = self.pipeline.force_flush(Deadline(timeout))
+        return self._no_new_span_failures() and flushed
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.
 
         A window still open at the deadline (or on the calling thread itself) is counted as
-        dropped with reason "shutdown" when its call ends.
+        dropped with reason "shutdown" when its call ends. The result is False as for
+        :meth:`force_flush`.
         """
         deadline = Deadline(timeout)
         self.active = False
         SLOT.wait_for_other_thread(self.keeper, deadline)
         self.close_idle_window()
-        return self.pipeline.shutdown(deadline)
+        flushed = self.pipeline.shutdown(deadline)
+        return self._no_new_span_failures() and flushed
+
+    def _no_new_span_failures(self) -> bool:
+        """Whether no profkit span failed OTLP export since this was last asked."""
+        return not self.stats.grown_since_asked("otlp_spans_failed")
 
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
@@ -238,9 +254,27 @@ class WindowKeeper:
     whose thread is gone (discard). A closed window goes to the session's pipeline.
     """
 
-    def __init__(self, stats: Stats, pipeline: ExportPipeline) -> None:
+    def __init__(self, stats: Stats, pipeline: ExportPipeline, all_threads: bool) -> None:
         self.stats = stats
         self.pipeline = pipeline
+        self.all_threads = all_threads
+
+    def yielded(self, call: CallRecord) -> None:
+        """A sampled generator root yielded; its next step may run on another thread.
+
+        Its thread-local window stops now (the calls are exported as truncated,
+        ``"first_step"``); a window recording all threads goes on (any thread can stop it).
+        """
+        held = SLOT.held
+        if (
+            not self.all_threads
+            and held is not None
+            and held.window is call.window
+            and call.window.owner == threading.get_ident()
+        ):
+            self.truncate(call.window, "first_step")
+
+    # -- control ----------------------------------------------------------------------------
 
     def close_window(self, win: Window) -> None:
         """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot."""

@@ -29,10 +29,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ._model import Attribution, AttrValue, CallSummary, OpRow, ScopeSummary
+from ._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
 from ._records import CallRecord, RawEvent, ScopeRecord
+from ._text import clean
 
-__all__ = ["EventView", "build_calls", "clip", "rows_for", "top_rows"]
+__all__ = ["EventView", "build_calls", "rows_for", "top_rows"]
 
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
@@ -61,11 +62,6 @@ class EventView:
 
 def _range(ev: Any) -> tuple[float, float]:
     return ev.time_range.start, ev.time_range.end
-
-
-def clip(text: str, limit: int) -> str:
-    """Bound a string's length (labels, op names and attribute values)."""
-    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
 
 
 def _shapes(ev: Any) -> str | None:
@@ -97,7 +93,7 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
         a[7] += int(_num(ev, "flops"))
     return [
         OpRow(
-            name=clip(name, limit),
+            name=clean(name, limit),  # once per distinct row, not per event
             count=a[0],
             self_cpu_us=a[1],
             cpu_us=a[2],
@@ -106,7 +102,7 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
             self_cpu_memory=a[5],
             self_device_memory=a[6],
             flops=a[7],
-            shapes=clip(shapes, limit) if shapes else None,
+            shapes=clean(shapes, limit) if shapes else None,
             is_kernel=device,
         )
         for (name, device, shapes), a in acc.items()
@@ -288,7 +284,7 @@ def _build_call(
             ScopeSummary(
                 index=i,
                 parent=rec.parent,
-                label=clip(rec.label, limit),
+                label=clean(rec.label, limit),
                 start_ns=span[0],
                 end_ns=span[1],
                 attributes=_bounded_attrs(rec.attributes, limit, max_attributes),
@@ -297,7 +293,7 @@ def _build_call(
                 self_cpu_us=sum(r.self_cpu_us for r in rows if not r.is_kernel),
                 # device events only: a CPU op's device time mirrors the kernels it launched
                 self_device_us=sum(r.self_device_us for r in rows if r.is_kernel),
-                code=rec.code,
+                code=_clean_code(rec.code, limit),
                 timing="profiler" if mark is not None else "python",
             )
         )
@@ -311,6 +307,7 @@ def _build_call(
         policy=call.policy,
         attribution=attribution,
         error=call.error,
+        error_text=ErrorText.of(call.error, limit) if call.error is not None else None,
         thread_name=call.thread_name,
         truncated=call.truncated,
         device_active=device_active,
@@ -352,7 +349,17 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
     out: dict[str, AttrValue] = {}
     for key, value in list(attrs.items())[:max_count]:
         if isinstance(value, (bool, int, float)):
-            out[clip(str(key), limit)] = value
+            out[clean(str(key), limit)] = value
         else:
-            out[clip(str(key), limit)] = clip(str(value), limit)
+            out[clean(str(key), limit)] = clean(str(value), limit)
     return out
+
+
+def _clean_code(code: CodeInfo | None, limit: int) -> CodeInfo | None:
+    if code is None:
+        return None
+    return CodeInfo(
+        function=clean(code.function, limit),
+        file_path=clean(code.file_path, limit, keep_end=True),
+        line_number=code.line_number,
+    )

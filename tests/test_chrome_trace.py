@@ -188,3 +188,72 @@ def test_failed_trace_write_is_counted_and_spans_still_go_out(
     assert all("profkit.trace.path" not in (s.attributes or {}) for s in roots)
     assert cap.stats["error_reasons"] == {"trace_file": 2}
     assert cap.stats["exported"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_retention_keeps_lookalike_files_and_ignores_stray_ones(
+    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """Only files named exactly as profkit names them are pruned; others never break pruning."""
+    predict = _predictor(mlp)
+    user_files = [
+        tmp_path / "profkit-notes.txt",
+        tmp_path / "profkit-1-my-important-notes.json",
+        tmp_path / "profkit-2-w1.json.bak",
+        tmp_path / "profkit-x-w1.json",
+    ]
+    for f in user_files:
+        f.write_text("mine")
+    (tmp_path / "profkit-3-w2.json").mkdir()  # a directory with a profkit-like name
+    with capture(sample_every=1, trace_dir=str(tmp_path), trace_max_files=3) as cap:
+        for _ in range(6):
+            predict(batch)
+    paths = [c.trace_path for c in cap.calls]
+    assert None not in paths
+    assert {} == cap.stats["error_reasons"]
+    assert all(f.read_text() == "mine" for f in user_files)
+    assert sorted(
+        [str(p) for p in paths[-3:]]
+        + [str(f) for f in user_files]
+        + [str(tmp_path / "profkit-3-w2.json")]
+    ) == _listing(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_directories_profkit_creates_are_owner_only(
+    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """A trace_dir that does not exist is created 0700, parents included; existing ones stay."""
+    predict = _predictor(mlp)
+    tmp_path.chmod(0o755)
+    directory = tmp_path / "a" / "b" / "traces"
+    with capture(sample_every=1, trace_dir=str(directory)):
+        predict(batch)
+    modes = [
+        stat.S_IMODE(p.stat().st_mode)
+        for p in (tmp_path, directory.parents[1], directory.parent, directory)
+    ]
+    assert [0o755, 0o700, 0o700, 0o700] == modes
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_trace_files_hold_no_scalar_argument_values(tmp_path: Path, gzipped: bool) -> None:
+    """With record_shapes the file keeps shapes but not torch's "Concrete Inputs" values."""
+
+    @profkit.profiled("fill")
+    def fill() -> torch.Tensor:
+        return torch.full((2, 3), 7331.25)
+
+    with capture(
+        sample_every=1, trace_dir=str(tmp_path), trace_gzip=gzipped, record_shapes=True
+    ) as cap:
+        fill()
+    path = str(cap.calls[0].trace_path)
+    events = _load(path)["traceEvents"]
+    full = [e for e in events if e.get("name") == "aten::full"]
+    assert full
+    assert "Input Dims" in full[0]["args"]  # shapes are kept
+    text = json.dumps(events)
+    assert "7331.25" not in text
+    assert "Concrete Inputs" not in text

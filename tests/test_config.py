@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import structlog
+from opentelemetry.sdk.trace import TracerProvider
 
 import profkit
 from profkit._config import ENV_VARS, build_config
 from profkit._global import get_session
+from profkit.testing import CaptureExporter
 
 
 @pytest.mark.parametrize(
@@ -25,6 +28,10 @@ from profkit._global import get_session
         ({"max_per_minute": 0}, "max_per_minute"),
         ({"enabled": "yes"}, "enabled"),
         ({"export_timeout": 0}, "export_timeout"),
+        ({"export_timeout": 1e10}, "export_timeout"),
+        ({"export_timeout": float("inf")}, "export_timeout"),
+        ({"logger": 42}, "logger"),
+        ({"tracer_provider": "x"}, "tracer_provider"),
         ({"no_such_setting": 1}, "no_such_setting"),
     ],
 )
@@ -41,6 +48,45 @@ def test_bad_env_var_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SAMPLE_EVERY"):
         config = profkit.configure(exporters=())
     assert 100 == config.every
+
+
+def test_env_var_out_of_range_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_EXPORT_TIMEOUT=1e19 warns and the default applies (no window is then dropped)."""
+    monkeypatch.setenv("PROFKIT_EXPORT_TIMEOUT", "1e19")
+    with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_EXPORT_TIMEOUT"):
+        config = profkit.configure(exporters=())
+    assert 5.0 == config.export_timeout
+
+
+def test_logger_and_provider_objects_are_accepted() -> None:
+    """Objects with the methods profkit calls are accepted (a structlog logger, a provider)."""
+    provider = TracerProvider()
+    config = profkit.configure(logger=structlog.get_logger("svc"), tracer_provider=provider)
+    assert provider is config.tracer_provider
+
+
+def test_infinite_flush_and_shutdown_timeouts_wait() -> None:
+    """force_flush(inf) and shutdown(inf) mean "wait": no OverflowError, exporters on."""
+    exporter = CaptureExporter()
+    with structlog.testing.capture_logs():
+        profkit.configure(
+            sample_every=1,
+            exporters=("otel", "log"),
+            tracer_provider=TracerProvider(),
+            extra_exporters=(exporter,),
+        )
+        sampled()
+        assert profkit.force_flush(float("inf"))
+        sampled()
+        assert profkit.shutdown(float("inf"))
+    assert 2 == len(exporter.calls)
+    assert 2 == profkit.stats()["exported"]
+
+
+@profkit.profiled("sampled")
+def sampled() -> int:
+    """A call to sample."""
+    return 1
 
 
 def test_env_vars_fill_unset_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,6 +200,48 @@ def test_ok_calls_have_unset_status_and_no_events() -> None:
         assert tuple(span.events) == ()
 
 
+def test_no_attribute_name_is_the_prefix_of_another() -> None:
+    """OTel naming: no attribute name is also a namespace (``a`` next to ``a.b``)."""
+    with capture(sample_every=1, profile_memory=True, with_flops=True) as cap:
+        predict(BATCH)
+    names = {k for s in cap.spans() for k in (s.attributes or {})}
+    assert "profkit.diagnosis.verdict" in names
+    assert [] == sorted(a for a in names for b in names if b.startswith(a + "."))
+
+
+def test_derived_figures_are_rounded_and_counts_are_ints() -> None:
+    """Diagnosis figures: µs to 0.001, shares to 0.0001, counts as ints."""
+    with capture(sample_every=1) as cap:
+        predict(BATCH)
+    root = {s.name: s for s in cap.spans()}["predict"].attributes or {}
+    figures = {k: v for k, v in root.items() if k.startswith("profkit.diagnosis.")}
+    assert isinstance(figures["profkit.diagnosis.op_count"], int)
+    assert cap.calls[0].root.op_count == figures["profkit.diagnosis.op_count"]
+    for name, value in figures.items():
+        if name.endswith("_us"):
+            assert round(float(value), 3) == value, name  # type: ignore[arg-type]
+        elif name.endswith("_share"):
+            assert round(float(value), 4) == value, name  # type: ignore[arg-type]
+
+
+def test_op_table_is_one_readable_string_next_to_the_arrays() -> None:
+    """``profkit.ops.table``: a header and one line per row (name, count, self, total µs)."""
+    with capture(sample_every=1, top_k=3) as cap:
+        predict(BATCH)
+    spans = {s.name: s for s in cap.spans()}
+    attrs = spans["predict"].attributes or {}
+    table = attrs["profkit.ops.table"]
+    assert isinstance(table, str)
+    header, *lines = table.split("\n")
+    assert header.split() == ["op", "count", "self_cpu_us", "cpu_us"]
+    rows = cap.calls[0].root.ops
+    assert len(rows) == len(lines) == len(attrs["profkit.ops.name"])  # type: ignore[arg-type]
+    for row, line in zip(rows, lines, strict=True):
+        name, count, self_us, total_us = line.rsplit(None, 3)
+        assert (row.name, row.count) == (name, int(count))
+        assert (f"{row.self_cpu_us:.1f}", f"{row.cpu_us:.1f}") == (self_us, total_us)
+
+
 @pytest.fixture
 def global_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     """A global TracerProvider for one test; OTel's set-once globals are restored afterwards.

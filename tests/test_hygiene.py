@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import os
+import re
 import stat
 import tempfile
+import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +18,14 @@ from typing import Any
 import pytest
 import structlog
 import torch
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import profkit
-from profkit.exporters.console import ConsoleExporter, JsonLinesExporter
+from profkit import CallSummary, OpRow, ScopeSummary
+from profkit.exporters.console import ConsoleExporter, JsonLinesExporter, render_call
 from profkit.testing import capture
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,3 +173,158 @@ def test_trace_files_are_owner_only_and_stay_in_trace_dir(
     assert [] == list(cwd.iterdir())
     assert {"cwd", "traces"} == {p.name for p in tmp_path.iterdir()}
     assert in_tmp == _profkit_names_in_tmp()
+
+
+# -- default labels, unencodable and control characters, error text -----------------------
+
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+
+
+def call_api(payload: torch.Tensor, api_key: str) -> float:
+    """A function whose partial binds a secret."""
+    return float(torch.mm(payload, payload).sum())
+
+
+class Scorer:
+    """A callable instance whose repr shows a secret."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Scorer(key={self.key!r})"
+
+    def __call__(self, x: torch.Tensor) -> float:
+        return float(torch.mm(x, x).sum())
+
+
+def test_default_labels_come_from_qualified_names_only() -> None:
+    """partial and callable instances are labelled by qualified name: no value, no address."""
+    bound = profkit.profiled(functools.partial(call_api, api_key=SECRET))
+    nested = profkit.profiled(functools.partial(functools.partial(call_api), api_key=SECRET))
+    scorer = profkit.profiled(Scorer(SECRET))
+    with (
+        structlog.testing.capture_logs() as logs,
+        capture(sample_every=1, exporters=("otel", "log")) as cap,
+    ):
+        assert bound(X) == nested(X) == scorer(X)
+    assert ["call_api", "call_api", "Scorer.__call__"] == [c.label for c in cap.calls]
+    texts = [s.name for s in cap.spans()] + list(_strings(logs))
+    texts += [t for s in cap.spans() for t in _strings(dict(s.attributes or {}))]
+    assert [] == [t for t in texts if SECRET in t or ADDRESS.search(t)]
+
+
+BAD_LABEL = "bad\ud800label\x1b[31m\x00\u009b"
+BAD_VALUE = "val\udcff\x07ue\nline"
+
+
+def test_unencodable_and_control_characters_are_cleaned() -> None:
+    """Surrogates and control characters leave profkit cleaned; the OTLP batch encodes."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("app")
+    console = io.StringIO()
+    with (
+        structlog.testing.capture_logs() as logs,
+        capture(
+            sample_every=1,
+            tracer_provider=provider,
+            exporters=("otel", "log"),
+            extra_exporters=(ConsoleExporter(console), JsonLinesExporter(io.StringIO())),
+        ),
+    ):
+        for _ in range(5):
+            with (
+                tracer.start_as_current_span("app-request"),
+                profkit.region(BAD_LABEL, **{"key\ud801": BAD_VALUE}),
+                torch.autograd.profiler.record_function("op\x1b[2J"),
+            ):
+                torch.mm(X, X)
+    spans = memory.get_finished_spans()
+    assert 10 == len(spans)
+    encoded = encode_spans(spans).SerializeToString()  # the app's spans and profkit's together
+    assert encoded
+    attrs = [dict(s.attributes or {}) for s in spans]
+    tables = [a.pop("profkit.ops.table") for a in attrs if "profkit.ops.table" in a]
+    texts = [s.name for s in spans] + [t for a in attrs for t in _strings(a)]
+    texts += list(_strings(logs))
+    texts += [line for table in tables for line in str(table).split("\n")]
+    assert len(tables) == 5
+    assert [] == [t for t in texts if _unclean(t)]
+    assert "\x1b" not in console.getvalue()
+    assert "op\\x1b[2J" in console.getvalue()  # escaped, visible
+
+
+def _unclean(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate or a control character."""
+    return any(0xD800 <= ord(c) <= 0xDFFF or (unicodedata.category(c) == "Cc") for c in text)
+
+
+def test_console_exporter_escapes_control_characters_in_what_it_prints() -> None:
+    """A summary built elsewhere (not cleaned by profkit) still prints no terminal escapes."""
+    root = ScopeSummary(
+        index=0,
+        parent=-1,
+        label="evil\x1b]0;title\x07",
+        start_ns=0,
+        end_ns=1000,
+        attributes={},
+        ops=(OpRow(name="op\x1b[31m", count=1, self_cpu_us=1.0, cpu_us=1.0),),
+        op_count=1,
+        self_cpu_us=1.0,
+        self_device_us=0.0,
+    )
+    call = CallSummary(
+        window_id=1,
+        call_index=0,
+        label=root.label,
+        scopes=(root,),
+        parent_span_context=None,
+        policy="every:1",
+        attribution="thread",
+    )
+    text = render_call(call)
+    assert [] == [c for c in text if c != "\n" and unicodedata.category(c) == "Cc"]
+    assert "evil\\x1b]0;title\\x07" in text
+
+
+@profkit.profiled("explode")
+def explode(n: int) -> None:
+    """Raises an exception with a huge message, after a region whose label is huge too."""
+    with profkit.region("R" * 5000):
+        time.sleep(0.002)  # most of the call: the diagnosis quotes this region's label
+        torch.mm(X, X)
+    raise ValueError("x" * n)
+
+
+def test_error_text_is_bounded_and_the_exception_untouched() -> None:
+    """A 1 MB exception message: span status, exception event and log fields stay bounded."""
+    limit = 64
+    with (
+        structlog.testing.capture_logs() as logs,
+        capture(sample_every=1, exporters=("otel", "log"), max_attribute_length=limit) as cap,
+        pytest.raises(ValueError) as info,
+    ):
+        explode(1_000_000)
+    assert 1_000_000 == len(str(info.value))
+    (call,) = cap.calls
+    assert call.diagnosis is not None
+    assert "RRR" in call.diagnosis.reason + repr(call.diagnosis.amdahl)  # labels are quoted
+    (span,) = [s for s in cap.spans() if s.name == "explode"]
+    assert span.status.description is not None
+    assert span.status.description.startswith("ValueError: xxx")
+    (event,) = span.events
+    assert "exception" == event.name
+    assert "ValueError" == (event.attributes or {})["exception.type"]
+    written = [s.name for s in cap.spans()] + [span.status.description]
+    written += [t for e in span.events for t in _strings(dict(e.attributes or {}))]
+    written += [
+        t
+        for s in cap.spans()
+        for k, v in (s.attributes or {}).items()
+        if k != "profkit.ops.table"
+        for t in _strings(v)
+    ]
+    written += list(_strings(logs))
+    assert [] == [t for t in written if len(t) > limit]

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     SimpleSpanProcessor,
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan
 
 import profkit
@@ -145,7 +147,7 @@ def test_stopped_receiver_breaks_nothing_and_drops_are_counted(
     rx.stop()
     for _ in range(3):
         assert torch.equal(EXPECTED, predict(BATCH))
-    assert profkit.force_flush(10.0)
+    assert not profkit.force_flush(10.0)  # it flushes the provider it was given: spans failed
     provider.force_flush(10_000)
     stats = session.stats.snapshot()
     assert stats["otlp_spans_failed"] == 3 * SPANS_PER_CALL
@@ -156,6 +158,71 @@ def test_stopped_receiver_breaks_nothing_and_drops_are_counted(
     assert len(delivered) == len(rx.spans())
     assert profkit.shutdown(10.0)
     provider.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_failed_profkit_spans_make_shutdown_report_failure(
+    receiver: tuple[str, Receiver, dict[str, Any]],
+) -> None:
+    """Collector down: shutdown() returns False; only profkit's spans are counted as failed."""
+    protocol, rx, kwargs = receiver
+    rx.stop()
+    provider, _ = _provider(otlp_span_processor(protocol, **kwargs))
+    app = provider.get_tracer("app")
+    profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+    for _ in range(2):
+        with app.start_as_current_span("request"):
+            assert torch.equal(EXPECTED, predict(BATCH))
+    assert not profkit.shutdown(10.0)
+    stats = profkit.stats()
+    assert 2 * SPANS_PER_CALL == stats["otlp_spans_failed"]
+    assert 2 == stats["exported"]  # handed to recording spans; the wire failed after that
+    provider.shutdown()
+
+
+class FlushRecorder(SpanProcessor):
+    """Counts the spans it sees and the flushes it is asked for."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+        self.flushes = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.ended += 1
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self.flushes += 1
+        return True
+
+
+@pytest.fixture
+def global_recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[FlushRecorder]:
+    """A global TracerProvider (OTel's set-once globals restored afterwards) and its recorder."""
+    recorder = FlushRecorder()
+    provider = TracerProvider()
+    provider.add_span_processor(recorder)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    trace.set_tracer_provider(provider)
+    yield recorder
+    provider.shutdown()
+
+
+def test_the_applications_global_provider_is_not_flushed(global_recorder: FlushRecorder) -> None:
+    """profkit flushes a provider given to configure(), never the global one it does not own."""
+    profkit.configure(sample_every=1, exporters=("otel",))
+    predict(BATCH)
+    assert profkit.force_flush(10.0)
+    assert profkit.shutdown(10.0)
+    assert (SPANS_PER_CALL, 0) == (global_recorder.ended, global_recorder.flushes)
+    owned = FlushRecorder()
+    provider = TracerProvider()
+    provider.add_span_processor(owned)
+    profkit.configure(sample_every=1, exporters=("otel",), tracer_provider=provider)
+    predict(BATCH)
+    assert profkit.force_flush(10.0)
+    assert SPANS_PER_CALL == owned.ended
+    assert owned.flushes >= 1
 
 
 def test_standard_environment_variables_choose_protocol_and_endpoint(
@@ -204,9 +271,9 @@ class FakeExporter(SpanExporter):
         self.shut = True
 
 
-def _spans(n: int) -> list[ReadableSpan]:
+def _spans(n: int, scope: str = "profkit") -> list[ReadableSpan]:
     provider = TracerProvider()
-    tracer = provider.get_tracer("test")
+    tracer = provider.get_tracer(scope)
     out = []
     for i in range(n):
         span = tracer.start_span(f"s{i}")
@@ -217,14 +284,15 @@ def _spans(n: int) -> list[ReadableSpan]:
 
 
 def test_counting_exporter_counts_failures_and_exceptions() -> None:
-    """Failed and raising exports count their spans; successful ones count nothing."""
+    """Failed and raising exports count their profkit spans; the app's are not profkit's."""
     stats = Stats()
     ok, failed = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
-    inner = FakeExporter([ok, failed, ConnectionError("down")])
+    inner = FakeExporter([ok, failed, ConnectionError("down"), failed])
     exporter = CountingSpanExporter(inner, counting_into=stats)
     assert exporter.export(_spans(2)) is ok
-    assert exporter.export(_spans(3)) is failed
+    assert exporter.export(_spans(3) + _spans(50, scope="app")) is failed
     assert exporter.export(_spans(4)) is failed
+    assert exporter.export(_spans(60, scope="app")) is failed  # none of profkit's: not counted
     snap = stats.snapshot()
     assert snap["otlp_spans_failed"] == 7
     assert snap["error_reasons"] == {"otlp_export_failed": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import profkit
+from profkit.testing import CaptureExporter
 
 
 def test_all_is_sorted() -> None:
@@ -41,7 +42,7 @@ def test_stats_after_shutdown_keep_the_final_counters() -> None:
     def f() -> int:
         return 1
 
-    profkit.configure(sample_every=2, exporters=())
+    profkit.configure(sample_every=2, exporters=(), extra_exporters=(CaptureExporter(),))
     assert [1, 1, 1] == [f(), f(), f()]
     assert profkit.shutdown(5)
     s = profkit.stats()

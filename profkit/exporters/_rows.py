@@ -51,7 +51,7 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
         "top_ops": [op_dict(r) for r in root.ops],
     }
     if call.error is not None:
-        out["error"] = type(call.error).__name__
+        out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
     if call.truncated:
         out["truncated"] = call.truncated
     if call.trace_path:

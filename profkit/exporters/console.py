@@ -8,6 +8,7 @@ import threading
 from typing import IO
 
 from .._model import CallSummary, WindowSummary
+from .._text import escape
 from . import Exporter
 from ._rows import call_fields
 
@@ -15,12 +16,16 @@ __all__ = ["ConsoleExporter", "JsonLinesExporter", "render_call"]
 
 
 def render_call(call: CallSummary) -> str:
-    """A readable block: the call, its regions, its diagnosis and its top op rows."""
+    """A readable block: the call, its regions, its diagnosis and its top op rows.
+
+    Control characters in what it shows (labels, op names, paths) are printed as escapes
+    (``\\x1b``), so nothing in a summary can drive the terminal.
+    """
     root = call.root
     lines = [
         f"profkit ▸ {call.label}  {root.duration_us / 1000:.3f} ms  "
         f"{root.op_count} ops  window {call.window_id} ({call.policy}, {call.attribution})"
-        + (f"  ERROR {type(call.error).__name__}" if call.error is not None else "")
+        + (f"  ERROR {_error_type(call)}" if call.error is not None else "")
         + (f"  truncated: {call.truncated}" if call.truncated else ""),
     ]
     if call.trace_id:
@@ -38,7 +43,11 @@ def render_call(call: CallSummary) -> str:
     for row in root.ops:
         line = f"  {row.name[:34]:<34} {row.count:>6} {row.self_cpu_us:>12.1f} {row.cpu_us:>13.1f}"
         lines.append(line + (f" {row.self_device_us:>12.1f}" if device else ""))
-    return "\n".join(lines)
+    return "\n".join(escape(line) for line in lines)
+
+
+def _error_type(call: CallSummary) -> str:
+    return call.error_text.type if call.error_text is not None else type(call.error).__name__
 
 
 def _depth(call: CallSummary, index: int) -> int:

@@ -2,8 +2,10 @@
 
 Spans are made after the fact on the export worker with the profiler's own start and end
 (epoch ns), as children of the span that was active when the call began. Per-op rows go on
-the spans as bounded parallel arrays (``profkit.ops.*``); the full rows are log records, not
-span events (OTel is deprecating span events, OTEP 4430).
+the spans as bounded parallel arrays (``profkit.ops.*``, for queries) and as one readable
+table (``profkit.ops.table``); the full rows are log records, not span events (OTel is
+deprecating span events, OTEP 4430). Every string here was cleaned and bounded when the
+summary was built (:mod:`profkit._text`).
 """
 
 from __future__ import annotations
@@ -16,24 +18,32 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from .._model import CallSummary, OpRow, ScopeSummary, WindowSummary
+from .._model import CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
+from .._text import clip
 from .._version import __version__
 from . import Exporter
 
-__all__ = ["SpanExporter", "op_attributes", "scope_attributes"]
+__all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_attributes"]
 
+#: the tracer (instrumentation scope) name of profkit's spans
+TRACER_NAME = "profkit"
 #: OTel's default span attribute count limit; profkit stays under it
 _MAX_SPAN_ATTRIBUTES = 128
 #: longest flush wait handed to a provider (an infinite timeout is capped here)
 _MAX_FLUSH_S = 86_400.0
 #: longest per-op array on a span
 _MAX_ROWS = 32
+#: op name column of ``profkit.ops.table``
+_NAME_WIDTH = 40
+#: bound of error text in a summary that profkit did not build (the default setting)
+_DEFAULT_TEXT_LIMIT = 256
 
 
 def op_attributes(rows: Sequence[OpRow]) -> dict[str, Any]:
-    """Top-K op rows as parallel arrays of bounded length."""
+    """Top-K op rows as parallel arrays of bounded length, and as one readable table."""
     rows = list(rows)[:_MAX_ROWS]
     attrs: dict[str, Any] = {
+        "profkit.ops.table": op_table(rows),
         "profkit.ops.name": [r.name for r in rows],
         "profkit.ops.count": [r.count for r in rows],
         "profkit.ops.self_cpu_us": [round(r.self_cpu_us, 3) for r in rows],
@@ -50,6 +60,22 @@ def op_attributes(rows: Sequence[OpRow]) -> dict[str, Any]:
     if any(r.shapes for r in rows):
         attrs["profkit.ops.shapes"] = [r.shapes or "" for r in rows]
     return attrs
+
+
+def op_table(rows: Sequence[OpRow]) -> str:
+    """The rows as a small fixed-width table: a header, then name, count, self and total µs.
+
+    Backends show array attributes element by element (``profkit.ops.count.0``, ...); this
+    one string reads at a glance. At most 32 rows, names cut at 40 characters: under 3 kB.
+    """
+    device = any(r.self_device_us or r.device_us for r in rows)
+    head = f"{'op':<{_NAME_WIDTH}} {'count':>7} {'self_cpu_us':>12} {'cpu_us':>12}"
+    lines = [head + (f" {'self_device_us':>14}" if device else "")]
+    for r in list(rows)[:_MAX_ROWS]:
+        name = clip(r.name, _NAME_WIDTH)
+        line = f"{name:<{_NAME_WIDTH}} {r.count:>7} {r.self_cpu_us:>12.1f} {r.cpu_us:>12.1f}"
+        lines.append(line + (f" {r.self_device_us:>14.1f}" if device else ""))
+    return "\n".join(lines)
 
 
 def scope_attributes(call: CallSummary, scope: ScopeSummary) -> dict[str, Any]:
@@ -90,14 +116,21 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
         attrs["profkit.trace.path"] = call.trace_path
     d = call.diagnosis
     if d is not None:
-        attrs["profkit.diagnosis"] = d.verdict
+        attrs["profkit.diagnosis.verdict"] = d.verdict
         attrs["profkit.diagnosis.reason"] = d.reason
         for name, value in d.figures.items():
-            attrs[f"profkit.diagnosis.{name}"] = float(value)
+            attrs[f"profkit.diagnosis.{name}"] = _figure(name, value)
         attrs["profkit.amdahl.what"] = [w for w, _, _ in d.amdahl]
         attrs["profkit.amdahl.fraction"] = [round(f, 4) for _, f, _ in d.amdahl]
         attrs["profkit.amdahl.max_speedup"] = [round(s, 3) for _, _, s in d.amdahl]
     return attrs
+
+
+def _figure(name: str, value: float) -> int | float:
+    """A diagnosis figure as written: counts as ints, µs to 0.001, shares to 0.0001."""
+    if name.endswith("_count"):
+        return int(value)
+    return round(float(value), 3 if name.endswith("_us") else 4)
 
 
 class SpanExporter(Exporter):
@@ -114,7 +147,7 @@ class SpanExporter(Exporter):
 
     def _tracer(self) -> trace.Tracer:
         # resolved per export: the host may install its provider after profkit.configure()
-        return trace.get_tracer("profkit", __version__, tracer_provider=self._provider)
+        return trace.get_tracer(TRACER_NAME, __version__, tracer_provider=self._provider)
 
     def emit(self, summary: WindowSummary) -> WindowSummary:
         """Emit the spans; returns the summary with each call's trace and span ids filled in."""
@@ -145,14 +178,13 @@ class SpanExporter(Exporter):
                 )
             )
         if call.error is not None:
-            root = spans[0]
-            root.set_status(Status(StatusCode.ERROR, f"{type(call.error).__name__}: {call.error}"))
-            root.record_exception(call.error)
+            _record_error(spans[0], call)
+        recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
+        if not recorded:
+            return call  # no ids: nothing may point at a span that does not exist
         sc = spans[0].get_span_context()
-        if not sc.is_valid:  # a no-op provider and no parent: no ids rather than zeros
-            return call
         return dataclasses.replace(
             call,
             trace_id=trace.format_trace_id(sc.trace_id),
@@ -160,8 +192,30 @@ class SpanExporter(Exporter):
         )
 
     def force_flush(self, timeout: float = 5.0) -> bool:
-        provider = self._provider or trace.get_tracer_provider()
-        flush = getattr(provider, "force_flush", None)
+        """Flush the provider given to profkit; the application's global one is left alone.
+
+        The global provider belongs to the application: flushing it would wait for all of
+        the service's spans (seconds with a collector down). A provider passed to
+        ``configure(tracer_provider=...)`` was handed to profkit, so profkit flushes it.
+        """
+        flush = getattr(self._provider, "force_flush", None)
         if flush is None:
             return True
         return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))
+
+
+def _record_error(span: Span, call: CallSummary) -> None:
+    """Status ERROR and an ``exception`` event, from the call's bounded error text."""
+    text = call.error_text
+    if text is None:  # a summary not built by profkit: bounded here, at the default limit
+        assert call.error is not None
+        text = ErrorText.of(call.error, _DEFAULT_TEXT_LIMIT)
+    span.set_status(Status(StatusCode.ERROR, text.description))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": text.type,
+            "exception.message": text.message,
+            "exception.stacktrace": text.stacktrace,
+        },
+    )

@@ -6,7 +6,9 @@ that (gRPC or HTTP/protobuf, configured by the standard ``OTEL_EXPORTER_OTLP_*``
 keyword arguments), with one addition: the span exporter is wrapped in a
 ``CountingSpanExporter``, so a collector that is down or slow shows up in
 ``profkit.stats()`` (``error_reasons["otlp_export_failed"]`` per failed batch,
-``otlp_spans_failed`` per span) instead of only in the OTel SDK's log.
+``otlp_spans_failed`` per span of profkit's: the application's own spans in the same
+batches are not counted) instead of only in the OTel SDK's log, and ``profkit.force_flush()``
+/ ``profkit.shutdown()`` return False when profkit spans failed since the last of them.
 
 The OTLP exporter packages are optional: ``pip install 'profkit[otlp]'``.
 """
@@ -22,13 +24,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ._counters import DEFAULT, Counters
+from .otel import TRACER_NAME
 
 __all__ = ["PROTOCOLS", "CountingSpanExporter", "otlp_span_processor"]
 
 #: the OTLP protocols profkit can build an exporter for (OTel's names for them)
 PROTOCOLS = ("grpc", "http/protobuf")
 
-#: the error reason counted once per failed batch
+#: the error reason counted once per failed batch that held profkit spans
 FAILED_REASON = "otlp_export_failed"
 #: the counter of spans in failed batches
 SPANS_FAILED = "otlp_spans_failed"
@@ -43,8 +46,17 @@ _PACKAGES = {
 }
 
 
+def _is_profkits(span: ReadableSpan) -> bool:
+    scope = span.instrumentation_scope
+    return scope is not None and scope.name == TRACER_NAME
+
+
 class CountingSpanExporter(SpanExporter):
-    """Forwards to another span exporter and counts what it failed to deliver.
+    """Forwards to another span exporter and counts which of profkit's spans it failed to deliver.
+
+    Only profkit's own spans (instrumentation scope ``"profkit"``) are counted: the same
+    processor usually carries the application's spans too, and those are not profkit's to
+    report.
 
     Args:
         inner: the exporter that talks to the collector.
@@ -68,8 +80,9 @@ class CountingSpanExporter(SpanExporter):
             error, result = exc, SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             stats = self._counters()
-            if stats is not None:
-                stats.add(SPANS_FAILED, len(spans))
+            ours = sum(1 for span in spans if _is_profkits(span))
+            if stats is not None and ours:
+                stats.add(SPANS_FAILED, ours)
                 stats.error(FAILED_REASON, error)
         return result
 
