@@ -58,6 +58,7 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
         d = call.diagnosis
         out["diagnosis"] = d.verdict
         out["diagnosis_reason"] = d.reason
+        out["diagnosis_confidence"] = d.confidence
         out["amdahl"] = [
             {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)} for w, f, s in d.amdahl
         ]
