@@ -29,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="serve a small model over HTTP, profile 1 request in N, print the summaries",
-        description=(_demo.__doc__ or "").split("\n\n")[1],
+        description=_demo.DESCRIPTION,
     )
     _demo.add_arguments(demo)
     report = sub.add_parser(
         "report",
         help="roll up profkit's JSON lines per label",
-        description=(_report.__doc__ or "").split("\n\n")[1],
+        description=_report.DESCRIPTION,
     )
     _report.add_arguments(report)
     return parser

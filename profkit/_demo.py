@@ -20,6 +20,14 @@ import threading
 import time
 from typing import IO, Any
 
+DESCRIPTION = """\
+Serve a small model with FastAPI under uvicorn on 127.0.0.1 (a free port), send it a bounded
+number of requests from the demo's own client, and print each sampled call on stdout as it
+is exported: the SERVER span of its request, then its readable summary (with --json, one
+JSON line instead). --no-server runs the same model in a plain loop. Progress and counters
+go to stderr. No collector is needed: spans are made by a local OpenTelemetry SDK provider.
+"""
+
 FEATURES = 256
 MODEL_NAME = "mlp-256-512-10"
 

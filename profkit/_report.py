@@ -23,6 +23,13 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
+DESCRIPTION = """\
+Roll up profkit's JSON lines (the json exporter's, or structlog's JSON of the log
+exporter's events; other lines are skipped) per label: samples, call duration p50 and p95
+(nearest rank), verdict counts (how many borderline), and the top ops by median self CPU
+time over the samples that list them, with their p25-p75 spread.
+"""
+
 __all__ = ["LabelRollup", "OpRollup", "Sample", "percentile", "read_samples", "rollup"]
 
 TOP_OPS = 5

@@ -56,8 +56,8 @@ def test_otlp_extras_split_by_protocol() -> None:
 
 
 def test_demo_extra_is_only_what_the_demo_needs() -> None:
-    """The demo extra: the web stack and OTel's FastAPI instrumentation, no dev tools."""
-    expected = {"fastapi", "uvicorn", "httpx", "opentelemetry-instrumentation-fastapi"}
+    """The demo extra: the web stack, OTel's FastAPI instrumentation, numpy; no dev tools."""
+    expected = {"fastapi", "uvicorn", "httpx", "opentelemetry-instrumentation-fastapi", "numpy"}
     assert expected == names("demo")
 
 
