@@ -105,8 +105,10 @@ def configure(
     Raises:
         ValueError: a setting is unknown or out of range; the message names it.
     """
-    given = {k: v for k, v in locals().items() if k != "unknown" and v is not UNSET}
-    config = build_config({**given, **unknown})
+    passed = dict(locals())  # first: the parameters and nothing else
+    extra = passed.pop("unknown")
+    given = {name: value for name, value in passed.items() if value is not UNSET}
+    config = build_config({**given, **extra})
     session = Session(config)
     old = install(session)
     if old is not None:
