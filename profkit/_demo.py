@@ -1,15 +1,9 @@
-"""``python -m profkit demo``: a small model served over HTTP, profiled 1-in-N, printed.
+"""``python -m profkit demo`` (``./scripts/demo``): a small model served over HTTP, profiled.
 
-By default the model is served by FastAPI under uvicorn on ``127.0.0.1`` (a free port), with
-OpenTelemetry's FastAPI instrumentation making a SERVER span per request and
-:func:`profkit.integrations.fastapi.instrument_app` making each request a labelled root
-call; the demo's own client sends a bounded number of requests, then the server stops. Each
-sampled call is printed on stdout as it is exported: the SERVER span it sits under, then
-the readable summary (``--json``: one JSON line instead). ``--no-server`` runs the same model
-in a plain loop under hand-made request spans. Progress and counters go to stderr.
-
-No collector is needed: spans are made by a local OpenTelemetry SDK provider, so the output
-carries real trace and span ids.
+What it does is :data:`DESCRIPTION` (also its ``--help``). The service is
+:func:`build_app`: OpenTelemetry's FastAPI instrumentation makes a SERVER span per request
+and :func:`profkit.integrations.fastapi.instrument_app` makes each request a root call.
+The request count is bounded, and the server listens on loopback only.
 """
 
 import argparse
