@@ -14,8 +14,15 @@ The rules, checked in order (the first that holds wins):
 3. **compute-bound**: the two heaviest op rows take at least ``compute_bound_top2_share`` of
    the op time (device kernels' self time when the device recorded any, host self CPU time
    otherwise).
-4. **balanced**: none of the above, and also the verdict for a call with no ops or no wall
-   time (nothing to judge).
+4. **balanced**: none of the above, and also the verdict for a call with no wall time.
+5. **no-ops**: a call in which no torch op was recorded (nothing to judge), checked first.
+
+Each verdict has a **confidence**, from its *margin* (``figures["margin"]``, in [0, 1]): how
+far the figures are from the nearest threshold that would change the verdict, relative to
+that threshold's room (the deciding figure past its own threshold, and every rule checked
+before it short of holding; for balanced, every rule short of holding). A margin under 0.1 is
+"low" (a borderline call: the same code sampled again may read otherwise), under 0.25
+"medium", else "high".
 
 The input share is the time outside torch ops (``wall - self CPU time of the ops``) less a
 *launch-glue allowance* of ``launch_bound_op_us`` per op event, over the wall time. The
@@ -42,7 +49,8 @@ from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
 
 __all__ = ["ThresholdSource", "Thresholds", "amdahl_speedup", "diagnose"]
 
-Verdict = Literal["input-bound", "launch-bound", "compute-bound", "balanced"]
+Verdict = Literal["input-bound", "launch-bound", "compute-bound", "balanced", "no-ops"]
+Confidence = Literal["low", "medium", "high"]
 Figures = dict[str, float]
 AmdahlEntry = tuple[str, float, float]
 
@@ -56,6 +64,12 @@ _MAX_AMDAHL = 5
 """Amdahl entries kept per call."""
 
 _MU = "\u00b5"
+
+_LOW, _MEDIUM = 0.1, 0.25
+"""Margins under which a verdict's confidence is "low", then "medium"."""
+
+_NAMED_SHARE = 0.1
+"""The compute-bound reason names the second op only when it takes this share of op time."""
 
 
 class ThresholdSource(Protocol):
@@ -137,13 +151,20 @@ def diagnose(call: CallSummary, thresholds: Thresholds) -> Diagnosis:
     """
     figures = _figures(call, thresholds)
     verdict, reason = _judge(call, figures, thresholds)
-    return Diagnosis(verdict=verdict, reason=reason, figures=figures, amdahl=_amdahl(call))
+    figures["margin"] = _margin(verdict, figures, thresholds)
+    return Diagnosis(
+        verdict=verdict,
+        reason=reason,
+        figures=figures,
+        amdahl=_amdahl(call),
+        confidence=_confidence(figures["margin"]),
+    )
 
 
 def _judge(call: CallSummary, figures: Figures, th: Thresholds) -> tuple[Verdict, str]:
     """Apply the rules in order and return the first verdict that holds, with its reason."""
     if call.root.op_count <= 0:
-        return "balanced", "no torch ops recorded in the call: nothing to judge"
+        return "no-ops", "no torch ops recorded in the call: nothing to judge"
     if figures["wall_us"] <= 0.0:
         return "balanced", "the call took no measurable wall time: nothing to judge"
     if _is_input_bound(figures, th):
@@ -151,7 +172,7 @@ def _judge(call: CallSummary, figures: Figures, th: Thresholds) -> tuple[Verdict
     if _is_launch_bound(figures, th):
         return "launch-bound", _launch_reason(figures)
     if figures["top2_share"] >= th.compute_bound_top2_share:
-        return "compute-bound", _compute_reason(call, figures)
+        return "compute-bound", _compute_reason(call, figures, th)
     return "balanced", _balanced_reason(figures)
 
 
@@ -319,13 +340,18 @@ def _launch_reason(figures: Figures) -> str:
     return f"{count:,} ops with a median of {median:.1f} {_MU}s each: {tail}"
 
 
-def _compute_reason(call: CallSummary, figures: Figures) -> str:
-    """E.g. "aten::addmm and aten::mm take 91% of op time"."""
+def _compute_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
+    """E.g. "aten::addmm and aten::mm take 91% of op time", or "aten::addmm takes 99% of op
+    time" when the second op is trivial (under ``_NAMED_SHARE``) and not needed to decide."""
     of_what = "device kernel time" if _uses_device(call) else "op time"
     top = _top_rows(call)[:2]
-    if len(top) == 1:
-        return f"{top[0].name} takes {figures['top1_share']:.0%} of {of_what}"
-    return f"{top[0].name} and {top[1].name} take {figures['top2_share']:.0%} of {of_what}"
+    top1, top2 = figures["top1_share"], figures["top2_share"]
+    if len(top) == 2 and top2 - top1 >= _NAMED_SHARE:
+        return f"{top[0].name} and {top[1].name} take {top2:.0%} of {of_what}"
+    reason = f"{top[0].name} takes {top1:.0%} of {of_what}"
+    if len(top) == 2 and top1 < th.compute_bound_top2_share:
+        reason += f" (the top two ops {top2:.0%})"
+    return reason
 
 
 def _balanced_reason(figures: Figures) -> str:
@@ -335,6 +361,65 @@ def _balanced_reason(figures: Figures) -> str:
         f"median op {figures['median_op_us']:.1f} {_MU}s, "
         f"top two ops take {figures['top2_share']:.0%} of op time"
     )
+
+
+# --- confidence ----------------------------------------------------------------------------
+
+
+def _past(value: float, threshold: float) -> float:
+    """How far ``value`` is past ``threshold`` (a rule that holds), over the room above it."""
+    room = 1.0 - threshold
+    return 1.0 if room <= 0.0 else min(1.0, max(0.0, (value - threshold) / room))
+
+
+def _short(value: float, threshold: float) -> float:
+    """How far ``value`` is short of ``threshold`` (a rule that fails), relative to it."""
+    return 1.0 if threshold <= 0.0 else min(1.0, max(0.0, (threshold - value) / threshold))
+
+
+def _input_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
+    """Rule 1's distance from flipping: past its thresholds if it holds, else short of them."""
+    share = figures["input_share"]
+    needed = th.input_bound_share
+    checks = [(share, needed)]
+    if "device_idle_share" in figures:
+        checks = [(share, min(needed, _HALF)), (figures["device_idle_share"], needed)]
+    if holds:
+        return min(_past(v, t) for v, t in checks)
+    return max(_short(v, t) for v, t in checks)
+
+
+def _launch_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
+    """Rule 2's distance from flipping (many ops and a small median op time)."""
+    ops, median = figures["op_count"], figures["median_op_us"]
+    min_ops, op_us = float(th.launch_bound_min_ops), th.launch_bound_op_us
+    if holds:
+        more = min(1.0, (ops - min_ops) / min_ops) if min_ops > 0 else 1.0
+        faster = 1.0 if op_us <= 0 else min(1.0, max(0.0, (op_us - median) / op_us))
+        return min(more, faster)
+    fewer = _short(ops, min_ops)
+    slower = 1.0 if op_us <= 0 else min(1.0, max(0.0, (median - op_us) / op_us))
+    return max(fewer, slower)
+
+
+def _margin(verdict: Verdict, figures: Figures, th: Thresholds) -> float:
+    """How far the figures are from the nearest threshold that would change ``verdict``."""
+    if verdict == "no-ops" or figures["wall_us"] <= 0.0:
+        return 1.0
+    margins = [_input_margin(figures, th, verdict == "input-bound")]
+    if verdict != "input-bound":
+        margins.append(_launch_margin(figures, th, verdict == "launch-bound"))
+    if verdict in ("compute-bound", "balanced"):
+        top2, needed = figures["top2_share"], th.compute_bound_top2_share
+        compute = verdict == "compute-bound"
+        margins.append(_past(top2, needed) if compute else _short(top2, needed))
+    return min(margins)
+
+
+def _confidence(margin: float) -> Confidence:
+    if margin < _LOW:
+        return "low"
+    return "medium" if margin < _MEDIUM else "high"
 
 
 # --- Amdahl --------------------------------------------------------------------------------

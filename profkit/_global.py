@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import enum
 import os
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import _errors
 from ._config import Config, build_config
@@ -15,6 +17,11 @@ from ._session import Session
 from ._slot import SLOT
 from ._window import started_before_fork
 from .exporters._counters import DEFAULT
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from .exporters import Exporter
 
 __all__ = [
     "configure",
@@ -40,8 +47,58 @@ _last = _Last()
 _RETIRE_TIMEOUT = 5.0
 
 
-def configure(**settings: Any) -> Config:
+class _Unset(enum.Enum):
+    """The default of every ``configure()`` parameter: "not given", so env vars may fill it."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+UNSET = _Unset.UNSET
+
+
+def configure(
+    *,
+    enabled: bool | _Unset = UNSET,
+    sample_every: int | _Unset | None = UNSET,
+    sample_rate: float | _Unset | None = UNSET,
+    max_per_minute: float | _Unset | None = UNSET,
+    window: int | _Unset = UNSET,
+    warmup: int | _Unset = UNSET,
+    activities: str | _Unset = UNSET,
+    record_shapes: bool | _Unset = UNSET,
+    profile_memory: bool | _Unset = UNSET,
+    with_flops: bool | _Unset = UNSET,
+    with_stack: bool | _Unset = UNSET,
+    all_threads: bool | _Unset = UNSET,
+    top_k: int | _Unset = UNSET,
+    max_window_s: float | _Unset = UNSET,
+    max_events: int | _Unset = UNSET,
+    queue_size: int | _Unset = UNSET,
+    export_timeout: float | _Unset = UNSET,
+    exporters: Sequence[str] | str | _Unset = UNSET,
+    trace_dir: str | os.PathLike[str] | _Unset | None = UNSET,
+    trace_max_files: int | _Unset = UNSET,
+    trace_max_bytes: int | _Unset = UNSET,
+    trace_gzip: bool | _Unset = UNSET,
+    max_attribute_length: int | _Unset = UNSET,
+    max_attributes: int | _Unset = UNSET,
+    launch_bound_op_us: float | _Unset = UNSET,
+    launch_bound_min_ops: int | _Unset = UNSET,
+    input_bound_share: float | _Unset = UNSET,
+    compute_bound_top2_share: float | _Unset = UNSET,
+    tracer_provider: TracerProvider | _Unset | None = UNSET,
+    logger: Any = UNSET,
+    extra_exporters: Sequence[Exporter] | _Unset = UNSET,
+    **unknown: NoReturn,
+) -> Config:
     """Install (or replace) the global session; settings not given come from ``PROFKIT_*``.
+
+    Every parameter is a field of :class:`profkit.Config` (its docstring and the
+    Configuration page say what each one does); one left out is read from its ``PROFKIT_*``
+    environment variable, else takes the field's default.
 
     Returns:
         The settings in effect (also what :func:`get_config` returns).
@@ -49,7 +106,10 @@ def configure(**settings: Any) -> Config:
     Raises:
         ValueError: a setting is unknown or out of range; the message names it.
     """
-    config = build_config(settings)
+    passed = dict(locals())  # first: the parameters and nothing else
+    extra = passed.pop("unknown")
+    given = {name: value for name, value in passed.items() if value is not UNSET}
+    config = build_config({**given, **extra})
     session = Session(config)
     old = install(session)
     if old is not None:

@@ -90,11 +90,14 @@ class ScopeSummary:
 class Diagnosis:
     """What kind of slow a call is, the figures that decided it, and where speed-ups pay."""
 
-    verdict: Literal["input-bound", "launch-bound", "compute-bound", "balanced"]
+    verdict: Literal["input-bound", "launch-bound", "compute-bound", "balanced", "no-ops"]
     reason: str
     figures: Mapping[str, float]
     amdahl: Sequence[tuple[str, float, float]]
     """(what, fraction f of the call, best overall speed-up 1 / (1 - f)), largest f first."""
+    confidence: Literal["low", "medium", "high"] = "high"
+    """How far the figures are from a threshold that would change the verdict ("low": a
+    borderline call, which the same code sampled again may read otherwise)."""
 
 
 @dataclasses.dataclass(frozen=True)

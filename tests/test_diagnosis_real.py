@@ -162,6 +162,7 @@ def test_verdict_and_amdahl_on_every_span_and_log_event() -> None:
         expected_span = {
             "profkit.diagnosis.verdict": d.verdict,
             "profkit.diagnosis.reason": d.reason,
+            "profkit.diagnosis.confidence": d.confidence,
             **{f"profkit.diagnosis.{k}": _as_written(k, v) for k, v in d.figures.items()},
             "profkit.amdahl.what": [w for w, _, _ in d.amdahl],
             "profkit.amdahl.fraction": [round(f, 4) for _, f, _ in d.amdahl],
@@ -173,6 +174,7 @@ def test_verdict_and_amdahl_on_every_span_and_log_event() -> None:
             "span_id": call.span_id,
             "diagnosis": d.verdict,
             "diagnosis_reason": d.reason,
+            "diagnosis_confidence": d.confidence,
             "amdahl": [
                 {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)}
                 for w, f, s in d.amdahl
@@ -197,7 +199,8 @@ def test_console_block_shows_the_diagnosis() -> None:
     (call,) = _run(sleepy_handler, calls=1)
     d = _diagnosis(call)
     text = render_call(call)
-    assert f"  diagnosis: {d.verdict} \u2014 {d.reason}" in text.splitlines()
+    sure = "" if d.confidence == "high" else f" ({d.confidence} confidence)"
+    assert f"  diagnosis: {d.verdict}{sure} \u2014 {d.reason}" in text.splitlines()
     assert "region:preprocess" in text
 
 

@@ -15,7 +15,7 @@ from profkit._config import Config
 from profkit._diagnosis import Thresholds, amdahl_speedup, diagnose
 from profkit._model import CallSummary, OpRow, ScopeSummary
 
-VERDICTS = {"input-bound", "launch-bound", "compute-bound", "balanced"}
+VERDICTS = {"input-bound", "launch-bound", "compute-bound", "balanced", "no-ops"}
 
 
 # --- builders ------------------------------------------------------------------------------
@@ -194,6 +194,49 @@ def test_glue_allowance_is_per_scope() -> None:
     assert (d.verdict, d.figures["input_share"], d.reason) == expected
 
 
+def test_compute_bound_leaves_a_trivial_second_op_unnamed() -> None:
+    """addmm at 99.6% and t at 0.4%: the reason names addmm alone."""
+    rows = [op("aten::addmm", 3, 996), op("aten::t", 3, 4)]
+    d = diagnose(call(scope("forward", 1050, ops=rows)), DEFAULT)
+    assert (d.verdict, d.reason) == ("compute-bound", "aten::addmm takes 100% of op time")
+
+
+def test_compute_bound_names_the_top_two_when_both_were_needed() -> None:
+    """55% + 6%: the second op is small, but the verdict needed it; the reason says so."""
+    rows = [op("a", 1, 550), op("b", 1, 60), op("c", 1, 40)] + [
+        op(f"d{i}", 1, 50) for i in range(7)
+    ]
+    d = diagnose(call(scope("f", 1050, ops=rows)), DEFAULT)
+    expected = ("compute-bound", "a takes 55% of op time (the top two ops 61%)")
+    assert (d.verdict, d.reason) == expected
+
+
+@pytest.mark.parametrize(
+    ("top", "verdict", "confidence"),
+    [
+        (300.0, "compute-bound", "low"),  # top two 60%: exactly at the threshold
+        (330.0, "compute-bound", "medium"),  # 66%: 15% of the room above 60%
+        (450.0, "compute-bound", "high"),  # 90%: 75% of the room
+        (290.0, "balanced", "low"),  # 58%: 3% short of 60%
+        (250.0, "balanced", "medium"),  # 50%: 17% short
+        (200.0, "balanced", "high"),  # 40%: a third short
+    ],
+)
+def test_confidence_follows_the_margin(top: float, verdict: str, confidence: str) -> None:
+    """Near the compute-bound threshold the verdict is low-confidence, far from it high."""
+    rest = 1000.0 - 2 * top
+    rows = [op("a", 1, top), op("b", 1, top)] + [op(f"r{i}", 1, rest / 8) for i in range(8)]
+    d = diagnose(call(scope("f", 1100, ops=rows)), DEFAULT)
+    assert (verdict, confidence) == (d.verdict, d.confidence), d.figures
+
+
+def test_balanced_next_to_input_bound_is_low_confidence() -> None:
+    """Input share 48% against a 50% threshold: a balanced verdict that could flip."""
+    rows = [op(f"aten::op{i}", 1, 110) for i in range(4)]
+    d = diagnose(call(scope("f", 1000, ops=rows)), DEFAULT)
+    assert ("balanced", "low") == (d.verdict, d.confidence), d.figures
+
+
 # --- boundaries ----------------------------------------------------------------------------
 
 
@@ -230,11 +273,12 @@ def test_compute_bound_boundary(top: float, verdict: str) -> None:
 # --- edge cases ----------------------------------------------------------------------------
 
 
-def test_no_ops_is_balanced_with_nothing_to_judge() -> None:
-    """A call without ops is balanced, and the reason says there were no ops."""
+def test_no_ops_says_no_ops() -> None:
+    """A call without ops reads "no-ops" (not balanced), with full confidence."""
     d = diagnose(call(scope("idle", 1000)), DEFAULT)
-    expected = ("balanced", "no torch ops recorded in the call: nothing to judge", 0.0)
-    assert (d.verdict, d.reason, d.figures["median_op_us"]) == expected
+    reason = "no torch ops recorded in the call: nothing to judge"
+    expected = ("no-ops", reason, 0.0, "high")
+    assert (d.verdict, d.reason, d.figures["median_op_us"], d.confidence) == expected
 
 
 def test_zero_wall_time_is_balanced_with_no_amdahl() -> None:
@@ -317,6 +361,7 @@ def test_cpu_call_has_no_device_figures() -> None:
     d = diagnose(call(scope("f", 1000, ops=[op("aten::mm", 1, 900)])), DEFAULT)
     assert sorted(d.figures) == [
         "input_share",
+        "margin",
         "median_op_us",
         "op_count",
         "op_self_us",
@@ -478,8 +523,9 @@ def thresholds(draw: st.DrawFn) -> Thresholds:
 def test_property_verdict_and_shares_are_well_formed(c: CallSummary, th: Thresholds) -> None:
     """The verdict is one of the four, the reason one line, every share in [0, 1]."""
     d = diagnose(c, th)
-    share_keys = [k for k in d.figures if k.endswith("_share")]
+    share_keys = [k for k in d.figures if k.endswith("_share") or k == "margin"]
     in_range = all(0.0 <= d.figures[k] <= 1.0 for k in share_keys)
+    assert d.confidence in ("low", "medium", "high")
     assert (d.verdict in VERDICTS, "\n" in d.reason, bool(d.reason), in_range) == (
         True,
         False,

@@ -1,9 +1,12 @@
 """The docs are checked: the settings table matches ``Config``, code blocks run, mkdocs builds.
 
 Fences: every block fenced ```` ```python ```` in ``docs/`` must run as it is (each in a fresh
-namespace, in a temporary working directory, the global session reset after). Fragments
-that cannot run alone use another fence: ```` ```py ```` for Python, ```` ```bash ```` for
-commands, ```` ```text ```` for output.
+namespace, in a temporary working directory, the global session reset after). A complete
+program shown as a file is fenced ```` ```python title="main.py" ```` and run as that file by
+a test of its own (``FILE_BLOCKS`` says which). Python that cannot run alone is fenced
+```` ```py title="Fragment: ..." ````, so that readers see it is a fragment; it must still
+parse. Other fences: ```` ```bash ```` for commands, ```` ```text ```` for output,
+```` ```yaml ```` for configuration files.
 
 The configuration table is generated from ``profkit.Config`` (field types, defaults and the
 docstring under each field) and ``profkit._config.ENV_VARS``; rewrite it after changing a
@@ -38,8 +41,12 @@ HEADER = ("Setting", "Environment variable", "Type", "Default", "Description")
 NO_ENV = "—"
 
 _FENCE = re.compile(
-    r"^(?P<indent>[ ]*)```python[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S
+    r"^(?P<indent>[ ]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S
 )
+_TITLE = re.compile(r'^(?P<lang>\w+) title="(?P<title>[^"]+)"$')
+PLAIN_FENCES = {"python", "bash", "text", "yaml"}
+FILE_BLOCKS = {("getting-started.md", "main.py"): "tests/test_getting_started.py"}
+"""Complete files shown in the docs, and the test that runs each one."""
 
 
 # -- the configuration table ----------------------------------------------------------------
@@ -172,16 +179,29 @@ def test_every_setting_is_documented_in_the_source() -> None:
 # -- code blocks ----------------------------------------------------------------------------
 
 
-def python_blocks() -> list[tuple[str, int, str]]:
-    """(page, line, code) for every ```python block under docs/, admonitions included."""
+def fenced_blocks() -> list[tuple[str, int, str, str]]:
+    """(page, line, info string, code) for every fenced block under docs/, admonitions too."""
     blocks = []
     for path in sorted(DOCS.rglob("*.md")):
         text = path.read_text(encoding="utf-8")
         for match in _FENCE.finditer(text):
             line = text.count("\n", 0, match.start()) + 2
             code = textwrap.dedent(match.group("body"))
-            blocks.append((path.relative_to(DOCS).as_posix(), line, code))
+            info = match.group("info").strip()
+            blocks.append((path.relative_to(DOCS).as_posix(), line, info, code))
     return blocks
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """(page, line, code) for every ```python block to run in-process (no title)."""
+    return [(page, line, code) for page, line, info, code in fenced_blocks() if info == "python"]
+
+
+def file_block(page: str, title: str) -> str:
+    """The code of the ```python title="..." block on ``page`` (a complete file)."""
+    wanted = f'python title="{title}"'
+    (code,) = [c for p, _, info, c in fenced_blocks() if p == page and info == wanted]
+    return code
 
 
 _BLOCKS = python_blocks()
@@ -191,6 +211,29 @@ def test_docs_have_python_blocks() -> None:
     """The block finder finds the runnable examples (the pages that must have some do)."""
     pages = {page for page, _, _ in _BLOCKS}
     assert {"index.md", "getting-started.md", "concepts.md"} <= pages
+
+
+def test_every_fence_is_run_or_marked() -> None:
+    """Each block is run (python), a file a test runs, a titled fragment, or not Python."""
+    odd = []
+    for page, line, info, code in fenced_blocks():
+        titled = _TITLE.match(info)
+        if info in PLAIN_FENCES:
+            continue
+        if titled and titled["lang"] == "python" and (page, titled["title"]) in FILE_BLOCKS:
+            continue
+        if titled and titled["lang"] == "py" and titled["title"].startswith("Fragment"):
+            ast.parse(code, f"docs/{page}:{line}")  # a fragment still parses
+            continue
+        odd.append(f"docs/{page}:{line} {info!r}")
+    assert [] == odd
+
+
+def test_file_blocks_are_run_by_their_tests() -> None:
+    """Every complete file in the docs names a test module that exists and reads it."""
+    for (page, title), test in FILE_BLOCKS.items():
+        assert file_block(page, title)
+        assert f'file_block("{page}", "{title}")' in (ROOT / test).read_text(encoding="utf-8")
 
 
 @pytest.mark.timeout(120)
@@ -207,6 +250,14 @@ def test_python_block_runs(
         exec(compile(code, f"docs/{page}:{line}", "exec"), namespace)
     finally:
         reset()
+
+
+def test_docs_name_no_private_module() -> None:
+    """No page (nor the README) points readers at ``profkit._private`` code."""
+    pages = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
+    private = re.compile(r"\bprofkit\._\w+")
+    hits = [f"{p.name}: {m}" for p in pages for m in private.findall(p.read_text("utf-8"))]
+    assert [] == hits
 
 
 # -- the site -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ def test_log_events_carry_the_span_ids() -> None:
 
 
 def test_profile_event_fields() -> None:
-    """The profile event holds the call's label, regions, totals and top rows."""
+    """The profile event holds the call's label, regions and totals; the rows are op events."""
     with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log"), top_k=3) as cap:
         predict(BATCH)
         assert profkit.force_flush(10.0)
@@ -71,13 +72,15 @@ def test_profile_event_fields() -> None:
     assert event["label"] == "predict"
     assert call.root.op_count == event["op_count"]
     assert [r["region"] for r in event["regions"]] == ["forward"]
-    assert [r["op"] for r in event["top_ops"]] == [r.name for r in call.root.ops]
-    assert event["top_ops"][-1]["op"] == "other"
-    assert sum(r.count for r in call.root.ops) == sum(r["count"] for r in event["top_ops"])
-    assert event["top_ops"][0]["op"] == "aten::addmm"
+    ops = _events(logs, "profkit.op")
+    assert "top_ops" not in event  # not twice: the rows are the op events
+    assert [r["op"] for r in ops] == [r.name for r in call.root.ops]
+    assert ops[-1]["op"] == "other"
+    assert sum(r.count for r in call.root.ops) == sum(r["count"] for r in ops)
+    assert ops[0]["op"] == "aten::addmm"
     assert call.diagnosis is not None
     assert call.diagnosis.verdict == event["diagnosis"]
-    assert len(_events(logs, "profkit.op")) == 4
+    assert len(ops) == 4
 
 
 def test_log_only_events_carry_the_request_span_ids() -> None:
@@ -180,3 +183,16 @@ def test_console_exporter(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"trace {call.trace_id} span {call.span_id}" in err
     assert "region forward" in err
     assert "aten::addmm" in err
+
+
+def test_log_events_carry_the_call_start_time() -> None:
+    """Both events say when the call began (the span's start, ISO 8601 UTC), not when logged."""
+    with capture_logs() as logs, capture(sample_every=1, exporters=("otel", "log")) as cap:
+        predict(BATCH)
+        assert profkit.force_flush(10.0)
+    (root,) = [s for s in cap.spans() if s.name == "predict"]
+    assert root.start_time is not None
+    seconds, rest = divmod(root.start_time, 1_000_000_000)
+    expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d}Z"
+    events = _events(logs, "profkit.profile") + _events(logs, "profkit.op")
+    assert {expected} == {e["start_time"] for e in events}

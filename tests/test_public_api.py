@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import profkit
 from profkit.testing import CaptureExporter
 
@@ -49,3 +51,23 @@ def test_stats_after_shutdown_keep_the_final_counters() -> None:
     assert (3, 2, 2) == (s["root_calls"], s["sampled"], s["exported"])
     profkit.configure(sample_every=2, exporters=())
     assert 0 == profkit.stats()["root_calls"]
+
+
+def test_configure_has_one_keyword_per_setting() -> None:
+    """configure()'s keyword-only parameters are Config's fields, in order (editors list them)."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(profkit.configure).parameters.values()
+    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [f.name for f in dataclasses.fields(profkit.Config)] == keywords
+
+
+def test_configure_leaves_unset_settings_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parameter not passed is filled from PROFKIT_*; one passed wins over it."""
+    monkeypatch.setenv("PROFKIT_TOP_K", "3")
+    monkeypatch.setenv("PROFKIT_WINDOW", "2")
+    config = profkit.configure(exporters=(), window=4)
+    assert (3, 4) == (config.top_k, config.window)

@@ -1,4 +1,5 @@
-"""mypy sees through @profiled and region(): the original signatures are kept (ParamSpec)."""
+"""mypy sees through @profiled and region() (the original signatures are kept, ParamSpec) and
+checks configure()'s keyword parameters (one per setting, typed)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ HERE = pathlib.Path(__file__).parent
 
 @pytest.mark.timeout(300)
 def test_decorators_keep_signatures_for_mypy(tmp_path: pathlib.Path) -> None:
-    """reveal_type shows the wrapped signatures and a wrong argument type is an error."""
+    """reveal_type shows the wrapped signatures; a wrong argument type, a wrongly typed
+    setting and a misspelt setting are errors."""
     out = subprocess.run(
         [
             sys.executable,
@@ -37,4 +39,8 @@ def test_decorators_keep_signatures_for_mypy(tmp_path: pathlib.Path) -> None:
         'note: Revealed type is "def (n: int) -> typing.Iterator[int]"',
         'note: Revealed type is "def (flag: bool) -> str"',
         'error: Argument 1 to "add" has incompatible type "str"; expected "int"  [arg-type]',
+        'error: Argument "sample_every" to "configure" has incompatible type "str"; '
+        'expected "int | _Unset | None"  [arg-type]',
+        'error: Argument "sampel_every" to "configure" has incompatible type "int"; '
+        'expected "Never"  [arg-type]',
     ] == lines

@@ -12,7 +12,7 @@ sampled ones also get profkit's ``predict`` span (and ``preprocess`` / ``inferen
 * ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set: OTLP, over
   gRPC or ``http/protobuf`` as ``OTEL_EXPORTER_OTLP_PROTOCOL`` says (gRPC by default).
 * ``EXAMPLE_SPANS_JSONL=path``: also append every span to ``path``, one JSON object a line.
-* neither: spans print on stdout (``ConsoleSpanExporter``).
+* neither: spans print on stdout, one JSON line each (``ConsoleSpanExporter``).
 
 profkit's own settings come from ``PROFKIT_*`` variables (``PROFKIT_SAMPLE_EVERY``,
 ``PROFKIT_EXPORTERS``, ...); by default one request in 100 is profiled and exported as spans
@@ -77,8 +77,8 @@ def span_processors() -> list[SpanProcessor]:
     if spans_file:
         out = open(spans_file, "a", encoding="utf-8")  # noqa: SIM115 - open for the process
         processors.append(SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=_one_line)))
-    if not processors:
-        processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+    if not processors:  # one JSON line per span (the SDK's default indents each over 30 lines)
+        processors.append(SimpleSpanProcessor(ConsoleSpanExporter(formatter=_one_line)))
     return processors
 
 

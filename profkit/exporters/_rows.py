@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from .._model import CallSummary, OpRow
 
-__all__ = ["call_fields", "op_dict"]
+__all__ = ["call_fields", "iso_time", "op_dict"]
+
+
+def iso_time(epoch_ns: int) -> str:
+    """An epoch time in ns as ISO 8601 UTC with µs: ``2026-12-01T05:30:00.123456Z``."""
+    seconds, rest = divmod(epoch_ns, 1_000_000_000)
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{rest // 1000:06d}Z"
 
 
 def op_dict(row: OpRow) -> dict[str, Any]:
@@ -37,6 +45,7 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
     root = call.root
     out: dict[str, Any] = {
         "label": call.label,
+        "start_time": iso_time(root.start_ns),
         "duration_us": round(root.duration_us, 3),
         "op_count": root.op_count,
         "self_cpu_us": round(root.self_cpu_us, 3),
@@ -60,6 +69,7 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
         d = call.diagnosis
         out["diagnosis"] = d.verdict
         out["diagnosis_reason"] = d.reason
+        out["diagnosis_confidence"] = d.confidence
         out["amdahl"] = [
             {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)} for w, f, s in d.amdahl
         ]

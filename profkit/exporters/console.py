@@ -34,7 +34,9 @@ def render_call(call: CallSummary) -> str:
         depth = _depth(call, scope.index)
         lines.append(f"  {'  ' * depth}region {scope.label:<24} {scope.duration_us / 1000:9.3f} ms")
     if call.diagnosis is not None:
-        lines.append(f"  diagnosis: {call.diagnosis.verdict} — {call.diagnosis.reason}")
+        d = call.diagnosis
+        sure = "" if d.confidence == "high" else f" ({d.confidence} confidence)"
+        lines.append(f"  diagnosis: {d.verdict}{sure} — {d.reason}")
         for what, frac, speedup in call.diagnosis.amdahl[:3]:
             lines.append(f"    {what:<30} {frac:6.1%} of the call, at best {speedup:.2f}x if free")
     device = any(r.self_device_us for r in root.ops)

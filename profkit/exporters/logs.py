@@ -1,8 +1,13 @@
 """Structured log events through structlog: ``profkit.profile`` per call, ``profkit.op`` per row.
 
+The op rows are only in the ``profkit.op`` events (the ``"json"`` exporter's one line per
+call keeps them as ``top_ops``), so that a call is one short line plus one line per row.
+
 Both carry ``trace_id`` and ``span_id`` in OTel's hex form (the call's own span when spans are
-on, else the request's span), so a log backend joins them to the trace. The
-host application's structlog configuration (processors, renderer) applies unchanged.
+on, else the request's span), so a log backend joins them to the trace, and ``start_time``:
+when the call began (ISO 8601 UTC, µs; the span's start), as the events themselves are
+emitted later, off the request path. The host application's structlog configuration
+(processors, renderer) applies unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import structlog
 
 from .._model import CallSummary, WindowSummary
 from . import Exporter
-from ._rows import call_fields, op_dict
+from ._rows import call_fields, iso_time, op_dict
 
 __all__ = ["LogExporter"]
 
@@ -40,9 +45,11 @@ class LogExporter(Exporter):
         for call in summary.calls:
             ids = _ids(call)
             fields = call_fields(call)
+            del fields["top_ops"]  # each row is a profkit.op event of its own: not twice
             if call.error is not None:
                 logger.warning("profkit.profile", **ids, **fields)
             else:
                 logger.info("profkit.profile", **ids, **fields)
+            when = {"label": call.label, "start_time": iso_time(call.root.start_ns)}
             for rank, row in enumerate(call.root.ops, 1):
-                logger.info("profkit.op", **ids, label=call.label, rank=rank, **op_dict(row))
+                logger.info("profkit.op", **ids, **when, rank=rank, **op_dict(row))

@@ -118,6 +118,7 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
     if d is not None:
         attrs["profkit.diagnosis.verdict"] = d.verdict
         attrs["profkit.diagnosis.reason"] = d.reason
+        attrs["profkit.diagnosis.confidence"] = d.confidence
         for name, value in d.figures.items():
             attrs[f"profkit.diagnosis.{name}"] = _figure(name, value)
         attrs["profkit.amdahl.what"] = [w for w, _, _ in d.amdahl]

@@ -1,4 +1,5 @@
-"""Type-checked by tests/test_typing.py: decorators keep the wrapped signature."""
+"""Type-checked by tests/test_typing.py: decorators keep the wrapped signature; configure()
+has typed keyword parameters."""
 
 from __future__ import annotations
 
@@ -32,3 +33,6 @@ reveal_type(fetch)  # noqa: F821
 reveal_type(numbers)  # noqa: F821
 reveal_type(staged)  # noqa: F821
 add("not an int")  # expected error: the original signature is enforced
+profkit.configure(sample_every=10, exporters=["log"], trace_dir=None)  # fine: typed keywords
+profkit.configure(sample_every="10")  # expected error: a setting's type is checked
+profkit.configure(sampel_every=10)  # expected error: a misspelt setting is caught

@@ -1,0 +1,240 @@
+"""``python -m profkit report FILE``: what many samples of each label say together.
+
+Reads JSON lines, the ``"json"`` exporter's (``./scripts/demo --json``) or structlog's JSON
+rendering of the ``"log"`` exporter's events, skipping every other line, and prints per
+label: the number of samples, the call duration's p50 and p95, how many samples got each
+verdict, and the top ops by median self CPU time over the samples that list them, with the
+spread (p25-p75) and in how many samples each appears. ``--json`` prints the same as JSON.
+
+One sample is noisy (a busy core, a page fault, a neighbour): read verdicts and op times as
+counts and medians over many samples.
+
+Percentiles are nearest-rank: the p-th of n sorted values is the ``ceil(p/100 * n)``-th.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any
+
+DESCRIPTION = """\
+Roll up profkit's JSON lines (the json exporter's, or structlog's JSON of the log
+exporter's events; other lines are skipped) per label: samples, call duration p50 and p95
+(nearest rank), verdict counts (how many borderline), and the top ops by median self CPU
+time over the samples that list them, with their p25-p75 spread.
+"""
+
+__all__ = ["LabelRollup", "OpRollup", "Sample", "percentile", "read_samples", "rollup"]
+
+TOP_OPS = 5
+"""Op rows printed per label (``--top`` changes it)."""
+
+
+@dataclasses.dataclass
+class Sample:
+    """One sampled call as read from a ``profkit.profile`` event (and its ``profkit.op`` ones)."""
+
+    label: str
+    duration_us: float
+    verdict: str
+    borderline: bool = False
+    """The diagnosis said its confidence was low."""
+    ops: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Self CPU µs per op name (the "other" row left out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRollup:
+    """One op over the samples of a label that list it."""
+
+    name: str
+    samples: int
+    p25_us: float
+    median_us: float
+    p75_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRollup:
+    """Every sample of one label, summed up."""
+
+    label: str
+    samples: int
+    p50_ms: float
+    p95_ms: float
+    verdicts: dict[str, int]
+    """Verdict -> samples, most frequent first."""
+    borderline: dict[str, int]
+    """Verdict -> samples whose diagnosis had low confidence (verdicts with none left out)."""
+    ops: list[OpRollup]
+    """Ops by median self CPU time, largest first."""
+
+
+def percentile(values: Iterable[float], p: float) -> float:
+    """Nearest-rank percentile (``p`` in (0, 100]) of non-empty ``values``."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``lines`` whose ``event`` is one of profkit's."""
+    for line in lines:
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            event = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") in ("profkit.profile", "profkit.op"):
+            yield event
+
+
+def _op_time(row: Mapping[str, Any]) -> tuple[str, float] | None:
+    name = row.get("op")
+    if not isinstance(name, str) or name == "other":
+        return None
+    return name, float(row.get("self_cpu_us", 0.0))
+
+
+def read_samples(lines: Iterable[str]) -> list[Sample]:
+    """Samples from profkit's JSON lines, in file order.
+
+    A ``profkit.profile`` event's ``top_ops`` gives its ops; ``profkit.op`` events (the log
+    exporter's) are added to the profile with the same ``span_id``, or else to the latest
+    profile of their label.
+    """
+    samples: list[Sample] = []
+    by_span: dict[str, Sample] = {}
+    latest: dict[str, Sample] = {}
+    for event in _events(lines):
+        label = str(event.get("label", "?"))
+        if event["event"] == "profkit.profile":
+            sample = Sample(
+                label,
+                float(event.get("duration_us", 0.0)),
+                str(event.get("diagnosis") or "none"),
+                event.get("diagnosis_confidence") == "low",
+            )
+            for row in event.get("top_ops") or ():
+                _add_op(sample, row)
+            samples.append(sample)
+            latest[label] = sample
+            if event.get("span_id"):
+                by_span[str(event["span_id"])] = sample
+            continue
+        target = by_span.get(str(event.get("span_id", ""))) or latest.get(label)
+        if target is not None:
+            _add_op(target, event)
+    return samples
+
+
+def _add_op(sample: Sample, row: Any) -> None:
+    found = _op_time(row) if isinstance(row, Mapping) else None
+    if found is not None:
+        name, self_us = found
+        sample.ops[name] = sample.ops.get(name, 0.0) + self_us
+
+
+def rollup(samples: Iterable[Sample], top: int = TOP_OPS) -> list[LabelRollup]:
+    """One rollup per label, labels with the most samples first (then by name)."""
+    groups: dict[str, list[Sample]] = collections.defaultdict(list)
+    for sample in samples:
+        groups[sample.label].append(sample)
+    out = [_label_rollup(label, group, top) for label, group in groups.items()]
+    return sorted(out, key=lambda r: (-r.samples, r.label))
+
+
+def _label_rollup(label: str, group: list[Sample], top: int) -> LabelRollup:
+    durations = [s.duration_us / 1000.0 for s in group]
+    verdicts = collections.Counter(s.verdict for s in group)
+    borderline = collections.Counter(s.verdict for s in group if s.borderline)
+    per_op: dict[str, list[float]] = collections.defaultdict(list)
+    for sample in group:
+        for name, self_us in sample.ops.items():
+            per_op[name].append(self_us)
+    ops = [
+        OpRollup(name, len(v), percentile(v, 25), _median(v), percentile(v, 75))
+        for name, v in per_op.items()
+    ]
+    ops.sort(key=lambda o: (-o.median_us, o.name))
+    return LabelRollup(
+        label=label,
+        samples=len(group),
+        p50_ms=percentile(durations, 50),
+        p95_ms=percentile(durations, 95),
+        verdicts=dict(sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        borderline={v: borderline[v] for v in sorted(borderline)},
+        ops=ops[:top],
+    )
+
+
+def _median(values: list[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def render(rollups: list[LabelRollup]) -> str:
+    """The readable report."""
+    if not rollups:
+        return "no profkit.profile events found\n"
+    blocks = [_render_one(r) for r in rollups]
+    return "\n".join(blocks)
+
+
+def _render_one(r: LabelRollup) -> str:
+    verdicts = ", ".join(
+        f"{name} {count}" + (f" ({r.borderline[name]} borderline)" if name in r.borderline else "")
+        for name, count in r.verdicts.items()
+    )
+    lines = [
+        f"{r.label}  {r.samples} samples  duration p50 {r.p50_ms:.3f} ms  p95 {r.p95_ms:.3f} ms",
+        f"  verdicts: {verdicts}",
+        f"  {'op':<34} {'samples':>8} {'median self cpu us':>19} {'p25-p75':>19}",
+    ]
+    for op in r.ops:
+        seen = f"{op.samples}/{r.samples}"
+        spread = f"{op.p25_us:.1f}-{op.p75_us:.1f}"
+        lines.append(f"  {op.name[:34]:<34} {seen:>8} {op.median_us:>19.1f} {spread:>19}")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report's options."""
+    parser.add_argument("file", help="JSON lines written by profkit ('-' reads stdin)")
+    parser.add_argument("--top", type=int, default=TOP_OPS, help=f"ops per label ({TOP_OPS})")
+    parser.add_argument("--json", action="store_true", help="the rollup as JSON")
+
+
+def _open(path: str) -> IO[str]:
+    return sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report for ``args.file``; 1 when it cannot be read or holds no samples."""
+    try:
+        stream = _open(args.file)
+    except OSError as exc:
+        print(f"profkit report: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    with stream:
+        rollups = rollup(read_samples(stream), top=max(1, args.top))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
+    else:
+        sys.stdout.write(render(rollups))
+    return 0 if rollups else 1

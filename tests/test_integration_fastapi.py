@@ -1,0 +1,163 @@
+"""profkit.integrations.fastapi: every route handler a labelled root call, served for real.
+
+The app runs under uvicorn on a loopback port (tests/live_server.py) and is driven with
+httpx, so sync handlers run on FastAPI's thread pool, async ones on the event loop and
+streamed bodies through Starlette's iteration, as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+import torch
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import StreamingResponse
+from live_server import serve
+
+import profkit
+from profkit.integrations.fastapi import instrument_app
+from profkit.testing import Capture, capture
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def build_app() -> FastAPI:
+    """Sync, async, path-parameter, generator-streamed and StreamingResponse routes."""
+    app = FastAPI()
+
+    @app.get("/sync")
+    def sync_route() -> dict[str, float]:
+        with profkit.region("model"):
+            return {"sum": float(torch.ones(8).sum())}
+
+    @app.get("/async/{n}")
+    async def async_route(n: int) -> dict[str, float]:
+        await asyncio.sleep(0)
+        return {"sum": float(torch.arange(n, dtype=torch.float32).sum())}
+
+    @app.get("/lines")
+    def lines_route() -> Iterator[dict[str, float]]:
+        for i in range(3):  # FastAPI streams a generator endpoint as JSON lines
+            yield {"mean": float(torch.full((4,), float(i)).mean())}
+
+    @app.get("/stream")
+    def stream_route() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            for i in range(3):
+                yield f"{i}\n".encode()
+
+        _ = torch.zeros(2) + 1  # the handler's own work, before the body streams
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _get_all(url: str, paths: list[str]) -> list[tuple[int, str]]:
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        return [(r.status_code, r.text) for r in (client.get(p) for p in paths)]
+
+
+def _run(app: FastAPI, paths: list[str]) -> tuple[Capture, list[tuple[int, str]]]:
+    with capture(sample_every=1) as cap, serve(app) as url:
+        responses = _get_all(url, paths)
+        assert profkit.force_flush(30.0)
+    return cap, responses
+
+
+def _ops(cap: Capture, label: str) -> set[str]:
+    (call,) = [c for c in cap.calls if c.label == label]
+    return {row.name for row in call.root.ops}
+
+
+def test_sync_and_async_routes_are_root_calls_labelled_by_path_template() -> None:
+    """A sync and an async route: one sampled root call each, label = the path template."""
+    app = build_app()
+    assert 4 == instrument_app(app, exclude=["/healthz"])
+    cap, responses = _run(app, ["/sync", "/async/4", "/healthz"])
+    assert [(200, '{"sum":8.0}'), (200, '{"sum":6.0}'), (200, '{"status":"ok"}')] == responses
+    assert ["/async/{n}", "/sync"] == sorted(c.label for c in cap.calls)
+    assert {"aten::ones", "aten::sum"} <= _ops(cap, "/sync")
+    assert {"aten::arange", "aten::sum"} <= _ops(cap, "/async/{n}")
+    (sync_call,) = [c for c in cap.calls if c.label == "/sync"]
+    assert ["/sync", "model"] == [s.label for s in sync_call.scopes]
+    assert "/sync" == sync_call.root.attributes["http.route"]
+
+
+def test_streaming_routes_pass_their_bodies_through() -> None:
+    """A generator endpoint and a StreamingResponse: bodies unchanged, both labelled."""
+    app = build_app()
+    instrument_app(app)
+    cap, responses = _run(app, ["/lines", "/stream"])
+    lines = [json.loads(line) for line in responses[0][1].splitlines()]
+    assert [(200, [0.0, 1.0, 2.0]), (200, "0\n1\n2\n")] == [
+        (responses[0][0], [line["mean"] for line in lines]),
+        responses[1],
+    ]
+    assert ["/lines", "/stream"] == sorted(c.label for c in cap.calls)
+    assert {"aten::full", "aten::mean"} <= _ops(cap, "/lines")  # the generator's own work
+    assert "aten::add" in _ops(cap, "/stream")  # the handler's, before the body streams
+
+
+def test_included_routers_are_labelled_with_their_prefix() -> None:
+    """Routes of an included router get the full path template as their label."""
+    app = FastAPI()
+    router = APIRouter(prefix="/v1")
+
+    @router.get("/items/{item_id}")
+    def item(item_id: int) -> dict[str, int]:
+        return {"id": int(torch.tensor(item_id).item())}
+
+    app.include_router(router)
+    instrument_app(app)
+    cap, responses = _run(app, ["/v1/items/7"])
+    assert ([(200, '{"id":7}')], ["/v1/items/{item_id}"]) == (
+        responses,
+        [c.label for c in cap.calls],
+    )
+
+
+def test_instrumenting_twice_labels_only_new_routes() -> None:
+    """A second call wraps nothing twice, and picks up routes added since."""
+    app = build_app()
+    first = instrument_app(app)
+
+    @app.get("/late")
+    def late() -> dict[str, bool]:
+        return {"late": True}
+
+    second = instrument_app(app)
+    cap, responses = _run(app, ["/sync", "/late"])
+    assert (5, 1, [200, 200]) == (first, second, [status for status, _ in responses])
+    (sync_call,) = [c for c in cap.calls if c.label == "/sync"]
+    assert ["/sync", "model"] == [s.label for s in sync_call.scopes]  # no second /sync scope
+
+
+def test_extra_attributes_reach_every_route() -> None:
+    """``attributes=`` lands on each route's root scope, next to ``http.route``."""
+    app = build_app()
+    instrument_app(app, attributes={"model": "mlp"})
+    cap, _ = _run(app, ["/async/3"])
+    expected = {"http.route": "/async/{n}", "model": "mlp"}
+    assert expected == dict(cap.calls[0].root.attributes)
+
+
+def test_wrong_decorator_order_is_what_instrument_app_avoids() -> None:
+    """@profiled above @app.get profiles nothing (FastAPI keeps the undecorated function)."""
+    app = FastAPI()
+
+    @profkit.profiled("wrong-order")
+    @app.get("/x")
+    def handler() -> dict[str, int]:
+        return {"x": 1}
+
+    with capture(sample_every=1) as cap, serve(app) as url:
+        assert [(200, '{"x":1}')] == _get_all(url, ["/x"])
+    assert 0 == cap.stats["root_calls"]

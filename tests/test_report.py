@@ -1,0 +1,183 @@
+"""``python -m profkit report``: per-label rollups of profkit's JSON lines, checked against the
+events they are computed from."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import profkit
+from profkit import __main__ as cli
+from profkit import _report
+from profkit.exporters.console import JsonLinesExporter
+from profkit.testing import capture
+
+
+def profile(label: str, duration_us: float, verdict: str, **ops: float) -> dict[str, Any]:
+    """A ``profkit.profile`` event as the json exporter writes it."""
+    return {
+        "event": "profkit.profile",
+        "label": label,
+        "duration_us": duration_us,
+        "diagnosis": verdict,
+        "top_ops": [
+            {"op": name.replace("_", "::", 1), "self_cpu_us": us} for name, us in ops.items()
+        ],
+    }
+
+
+def lines(*events: dict[str, Any]) -> list[str]:
+    return [json.dumps(e) for e in events]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    """p50 of 1..10 is 5, p95 is 10, p25 is 3; one value is every percentile."""
+    values = [float(v) for v in range(10, 0, -1)]
+    expected = (5.0, 10.0, 3.0, 7.0)
+    actual = tuple(_report.percentile(values, p) for p in (50, 95, 25, 100 * 0.7))
+    assert (expected, 7.0) == (actual, _report.percentile([7.0], 95))
+
+
+def test_percentile_of_nothing_raises() -> None:
+    """No values: a ValueError, not a silent zero."""
+    with pytest.raises(ValueError, match="no values"):
+        _report.percentile([], 50)
+
+
+def test_rollup_counts_durations_verdicts_and_ops() -> None:
+    """Two labels, noise lines skipped: samples, p50/p95, verdict counts, ops by median."""
+    text = [
+        "USDT:2026-12-01 profiler_start",  # kineto's stderr line, if mixed in
+        "not json at all",
+        '{"event": "request done", "status": 200}',  # the host app's own structlog event
+        *lines(
+            profile("/predict", 1000.0, "compute-bound", aten_addmm=600.0, aten_t=5.0),
+            profile("/predict", 3000.0, "balanced", aten_addmm=900.0, aten_relu=100.0),
+            profile("/predict", 2000.0, "compute-bound", aten_addmm=700.0, other=50.0),
+            profile("/health", 10.0, "no-ops"),
+        ),
+    ]
+    (predict, health) = _report.rollup(_report.read_samples(text))
+    expected_predict = _report.LabelRollup(
+        label="/predict",
+        samples=3,
+        p50_ms=2.0,
+        p95_ms=3.0,
+        verdicts={"compute-bound": 2, "balanced": 1},
+        borderline={},
+        ops=[
+            _report.OpRollup("aten::addmm", 3, 600.0, 700.0, 900.0),
+            _report.OpRollup("aten::relu", 1, 100.0, 100.0, 100.0),
+            _report.OpRollup("aten::t", 1, 5.0, 5.0, 5.0),
+        ],
+    )
+    assert (expected_predict, "/health", 1, {"no-ops": 1}) == (
+        predict,
+        health.label,
+        health.samples,
+        health.verdicts,
+    )
+
+
+def test_log_exporter_events_join_op_events_by_span_id() -> None:
+    """structlog's JSON of the log exporter: op events attach to their profile by span id."""
+
+    def op(span_id: str, self_cpu_us: float) -> dict[str, Any]:
+        return {
+            "event": "profkit.op",
+            "label": "a",
+            "span_id": span_id,
+            "op": "aten::mm",
+            "self_cpu_us": self_cpu_us,
+        }
+
+    text = lines(
+        {"event": "profkit.profile", "label": "a", "duration_us": 10.0, "span_id": "s1",
+         "diagnosis": "balanced", "diagnosis_confidence": "low"},
+        {"event": "profkit.profile", "label": "a", "duration_us": 20.0, "span_id": "s2",
+         "diagnosis": "balanced", "diagnosis_confidence": "high"},
+        op("s1", 4.0),
+        op("s2", 8.0),
+    )  # fmt: skip
+    samples = _report.read_samples(text)
+    (rollup,) = _report.rollup(samples)
+    expected = ([{"aten::mm": 4.0}, {"aten::mm": 8.0}], {"balanced": 1}, 6.0)
+    assert expected == ([s.ops for s in samples], rollup.borderline, rollup.ops[0].median_us)
+
+
+def test_render_shows_each_label_block() -> None:
+    """The text report has a header line, a verdicts line and one row per op for each label."""
+    text = lines(profile("/p", 1500.0, "compute-bound", aten_mm=10.0))
+    out = _report.render(_report.rollup(_report.read_samples(text)))
+    assert [
+        "/p  1 samples  duration p50 1.500 ms  p95 1.500 ms",
+        "  verdicts: compute-bound 1",
+    ] == out.splitlines()[:2]
+    assert "aten::mm" in out.splitlines()[3]
+
+
+def test_report_cli_on_a_missing_file_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreadable file: exit 1 and one line on stderr, no traceback."""
+    assert 1 == cli.main(["report", "/nonexistent/profkit.jsonl"])
+    assert "cannot read" in capsys.readouterr().err
+
+
+def _sampled_json_lines(path: Path, mlp: torch.nn.Module, batch: torch.Tensor) -> None:
+    """Six real sampled calls of two labels written by the json exporter to ``path``."""
+
+    @profkit.profiled("predict")
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        return mlp(x)
+
+    @profkit.profiled("embed")
+    def embed(x: torch.Tensor) -> torch.Tensor:
+        return x @ x.T
+
+    with (
+        path.open("w", encoding="utf-8") as out,
+        capture(sample_every=1, extra_exporters=(JsonLinesExporter(out),)),
+    ):
+        for _ in range(4):
+            predict(batch)
+        for _ in range(2):
+            embed(batch)
+        assert profkit.force_flush(30.0)
+
+
+@pytest.mark.timeout(120)
+def test_report_numbers_match_the_events(
+    tmp_path: Path,
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Over real json-exporter output, the report's figures are those of the events."""
+    path = tmp_path / "profkit.jsonl"
+    _sampled_json_lines(path, mlp, batch)
+    events = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert 0 == cli.main(["report", str(path), "--json"])
+    report = {r["label"]: r for r in json.loads(capsys.readouterr().out)}
+    for label, n in (("predict", 4), ("embed", 2)):
+        mine = [e for e in events if e["label"] == label]
+        durations = sorted(e["duration_us"] / 1000.0 for e in mine)
+        addmm = [
+            row["self_cpu_us"] for e in mine for row in e["top_ops"] if row["op"] == "aten::addmm"
+        ]
+        verdicts: dict[str, int] = {}
+        for e in mine:
+            verdicts[e["diagnosis"]] = verdicts.get(e["diagnosis"], 0) + 1
+        got = report[label]
+        assert (n, durations[(n + 1) // 2 - 1], durations[-1], verdicts) == (
+            got["samples"],
+            got["p50_ms"],
+            got["p95_ms"],
+            got["verdicts"],
+        )
+        if label == "predict":
+            (row,) = [op for op in got["ops"] if op["name"] == "aten::addmm"]
+            assert (4, statistics.median(addmm)) == (row["samples"], row["median_us"])
