@@ -137,7 +137,7 @@ def free_port() -> int:
         return port
 
 
-def _wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -177,7 +177,7 @@ def running_service(tmp_path: Path, receiver: GrpcReceiver) -> Iterator[dict[str
             [sys.executable, *command], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            _wait_until_up(state["url"], server, state["log"], timeout=120.0)
+            wait_until_up(state["url"], server, state["log"], timeout=120.0)
             yield state
         finally:
             server.send_signal(signal.SIGINT)
