@@ -49,7 +49,9 @@ class StatsSnapshot(TypedDict):
     """Root calls not profiled because the active trace was not sampled (part of unsampled)."""
     warmup_calls: int
     windows: int
+    """Profiler windows opened (one window records ``window`` root calls, after ``warmup``)."""
     errors: int
+    """profkit's internal errors (counted, logged once per reason, never raised)."""
     otlp_spans_failed: int
     """Spans in OTLP batches that failed (reported by ``profkit.exporters.otlp``)."""
     dropped_reasons: dict[str, int]

@@ -67,6 +67,7 @@ class LabelRollup:
     label: str
     samples: int
     p50_ms: float
+    """Median duration of the sampled calls, in ms (as profiled: see the observer effect)."""
     p95_ms: float
     verdicts: dict[str, int]
     """Verdict -> samples, most frequent first."""

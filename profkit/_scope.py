@@ -90,16 +90,6 @@ class _Global:
 GLOBAL = _Global()
 
 
-def _begin_root(session: Any, label: str) -> CallRecord | None:
-    """``session.begin_root`` with its failures counted: the call then runs unsampled."""
-    try:
-        call: CallRecord | None = session.begin_root(label)
-    except Exception as exc:
-        _errors.internal(session.stats, "begin_root", exc)
-        return None
-    return call
-
-
 def _open(
     call: CallRecord,
     parent: Active | None,
@@ -154,7 +144,10 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
         call = None
         try:
             FRAME.set(OFF)
-            call = _begin_root(session, label)
+            try:  # a failing begin_root is counted; the call then runs unsampled
+                call = session.begin_root(label)
+            except Exception as exc:
+                _errors.internal(session.stats, "begin_root", exc)
             if call is None:
                 return OFF
             return _open(call, None, session, label, attributes, code)
@@ -246,15 +239,18 @@ def _leave_nested(entered: Active | None, frame: Active, error: BaseException | 
 
 
 def sync_runner(
-    label: str, attributes: dict[str, Any], code: CodeInfo | None
-) -> Callable[[Callable[..., Any], Any, Any], Any]:
-    """``run(fn, args, kwargs)`` calls ``fn`` in a scope: :func:`enter` and :func:`exit_`, inlined.
+    label: str, attributes: dict[str, Any], code: CodeInfo | None, fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``run(*args, **kwargs)`` calls ``fn`` in a scope: :func:`enter` and :func:`exit_`, inlined.
 
-    An unsampled root call sets the frame to ``OFF`` and allocates nothing; the frame is
-    set back to ``None`` by value (a signal's exception may keep a token from being stored).
+    For a plain function ``run`` is the decorated function itself (no frame in between); a
+    wrapt-wrapped callable builds one per call around the bound ``wrapped``. An unsampled
+    root call sets the frame to ``OFF`` and allocates nothing; the frame is set back with
+    its token, or to ``None`` by value when a signal's exception kept the token from being
+    stored.
     """
 
-    def run(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
         frame = FRAME.get()
         if frame is not None and (frame is OFF or not frame.call.done):
             if frame is OFF or frame.call.stopped:
@@ -276,10 +272,13 @@ def sync_runner(
         session = GLOBAL.session
         if session is None or not session.active:
             return fn(*args, **kwargs)
-        call = entered = error = None
+        call = entered = error = token = None
         try:
-            FRAME.set(OFF)
-            call = _begin_root(session, label)
+            token = FRAME.set(OFF)
+            try:  # a failing begin_root is counted; the call then runs unsampled
+                call = session.begin_root(label)
+            except Exception as exc:
+                _errors.internal(session.stats, "begin_root", exc)
             if call is None:
                 return fn(*args, **kwargs)
             entered = _open(call, None, session, label, attributes, code)
@@ -288,8 +287,8 @@ def sync_runner(
             error = exc
             raise
         finally:
-            if call is None:
-                FRAME.set(None)
+            if call is None:  # by token when it was stored (cheaper), else by value
+                FRAME.reset(token) if token is not None else FRAME.set(None)
             else:
                 try:
                     _leave_root(entered, call, session, error)
