@@ -4,13 +4,16 @@ The decorator branches once, at decoration time, on the kind of callable (functi
 coroutine function, generator, async generator) and precomputes the label and code
 attributes. Off-sample, a decorated call costs the compiler check (a ``return False``), one
 ContextVar read, one session check, one counter step and a ContextVar set/reset. Under
-``torch.compile`` tracing, labels are nothing (:mod:`profkit._compiler`).
+``torch.compile`` tracing, labels are nothing (:mod:`profkit._compiler`). Decorated callables
+pickle and copy like undecorated ones (docs/compile.md).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
@@ -120,13 +123,15 @@ def default_label(func: Any) -> str:
 
 
 def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+    if isinstance(func, (classmethod, staticmethod)):  # the same descriptor, around a label
+        return type(func)(_decorate(func.__func__, name, attributes))
     label = name or default_label(func)
     kind = _kind(func)
     attrs = dict(attributes or {})
     code = _code_info(func)
     if kind == "sync" and type(func) is types.FunctionType:
         return _plain_function(func, label, attrs, code)
-    return wrapt.FunctionWrapper(func, _make_wrapper(func, kind, label, attrs, code))
+    return _Profiled(func, _make_wrapper(func, kind, label, attrs, code), label, attrs)
 
 
 def _plain_function(
@@ -139,13 +144,93 @@ def _plain_function(
     function (:func:`profkit._scope.sync_call`, one frame a call) is rebuilt on ``func``'s
     globals, where TorchScript resolves the names in ``func``'s source (it reads the source
     through ``__wrapped__``, the names through the wrapper), and ``functools.wraps`` keeps
-    name, docstring, ``__wrapped__`` and signature. It binds as a method like any function.
+    name, docstring, ``__wrapped__`` and signature. It binds as a method like any function
+    and pickles and copies as one (by its qualified name).
     """
     call = sync_call(func, label, attrs, code)
     wrapper = types.FunctionType(
         call.__code__, func.__globals__, func.__name__, None, call.__closure__
     )
     return functools.update_wrapper(wrapper, func)
+
+
+def _redecorate(wrapped: Any, label: str, attributes: dict[str, Any]) -> Any:
+    """A decorated callable again, from what it wraps (unpickling and copying by value)."""
+    return _decorate(wrapped, label, attributes)
+
+
+def _global_name(obj: Any) -> str | None:
+    """``obj``'s qualified name if its module holds it there (pickle's rule for functions)."""
+    module = sys.modules.get(str(getattr(obj, "__module__", None)))
+    qualname = getattr(obj, "__qualname__", None)
+    if module is None or not isinstance(qualname, str):
+        return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return qualname if found is obj else None
+
+
+#: what ``copy`` returns as is (it copies functions, builtins and classes by reference)
+_ATOMIC = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
+
+
+class _BoundProfiled(wrapt.BoundFunctionWrapper[..., Any]):
+    """A decorated method bound to an instance (or looked up on its class).
+
+    Pickles, copies and deep-copies like a bound method: as ``getattr(instance, name)``.
+    """
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return getattr, (self._bound_to(), self.__name__)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return getattr(copy.deepcopy(self._bound_to(), memo), self.__name__)
+
+    def _bound_to(self) -> Any:
+        return self._self_owner if self._self_instance is None else self._self_instance
+
+
+class _Profiled(wrapt.FunctionWrapper[..., Any]):
+    """A decorated coroutine function, generator, async generator or other callable.
+
+    A wrapt proxy (so ``inspect`` predicates and attribute access see the wrapped object)
+    that pickles and copies like what it wraps: by its qualified name when its module holds
+    it (as functions pickle), else by value: the wrapped object, decorated again on load.
+    """
+
+    __bound_function_wrapper__ = _BoundProfiled
+
+    def __init__(self, wrapped: Any, wrapper: Any, label: str, attributes: dict[str, Any]):
+        super().__init__(wrapped, wrapper)
+        self._self_label = label
+        self._self_attributes = attributes
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        name = _global_name(self)
+        if name is not None:
+            return name  # pickle saves a global and checks that it finds this object again
+        return _redecorate, (self.__wrapped__, self._self_label, self._self_attributes)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        if isinstance(self.__wrapped__, _ATOMIC):
+            return self
+        return _redecorate(copy.copy(self.__wrapped__), self._self_label, self._self_attributes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if isinstance(self.__wrapped__, _ATOMIC):
+            return self
+        wrapped = copy.deepcopy(self.__wrapped__, memo)
+        return _redecorate(wrapped, self._self_label, self._self_attributes)
 
 
 @overload

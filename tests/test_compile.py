@@ -45,11 +45,16 @@ class Labelled(torch.nn.Module):
     def scale(x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
+    @profkit.profiled
+    @classmethod
+    def shift(cls, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
     @profkit.profiled("forward")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with profkit.region("inner"):
             x = activation(self.inner(x))
-        return self.outer(self.scale(x))
+        return self.outer(self.shift(self.scale(x)))
 
 
 @profkit.profiled("serve")
