@@ -2,24 +2,28 @@
 
 The decorator branches once, at decoration time, on the kind of callable (function,
 coroutine function, generator, async generator) and precomputes the label and code
-attributes. Off-sample, a decorated call costs one ContextVar read, one session check, one
-counter step and a ContextVar set/reset.
+attributes. Off-sample, a decorated call costs the compiler check (a ``return False``), one
+ContextVar read, one session check, one counter step and a ContextVar set/reset. Under
+``torch.compile`` tracing, labels are nothing (:mod:`profkit._compiler`). Decorated callables
+pickle and copy like undecorated ones (docs/compile.md).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
-import time
+import sys
 import types
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
+from ._compiler import compiled_away, compiling
+from ._drivers import Intervals, SteppedAsyncGen, drive, exit_twice
 from ._model import CodeInfo
-from ._scope import FRAME, OFF, Active, Stepped, enter, exit_, sync_runner
-from ._slot import SLOT
+from ._scope import FRAME, OFF, Active, Stepped, enter, exit_, sync_call
 
 _get_frame = FRAME.get
 
@@ -57,7 +61,9 @@ def _kind(func: Any) -> str:
     return "sync"
 
 
-def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo | None) -> Any:
+def _make_wrapper(
+    func: Any, kind: str, label: str, attrs: dict[str, Any], code: CodeInfo | None
+) -> Any:
     """The ``wrapt`` wrapper for a kind of callable, built once at decoration time."""
     if kind == "async":
 
@@ -68,181 +74,35 @@ def _make_wrapper(kind: str, label: str, attrs: dict[str, Any], code: CodeInfo |
                 coro = wrapped(*args, **kwargs)
                 if isinstance(entered, Active) and entered.session is not None:
                     entered.call.intervals = []  # a sampled root: record when its task runs
-                    return await _Intervals(coro, entered.call.intervals)
+                    return await Intervals(coro, entered.call.intervals)
                 return await coro
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                _exit_twice(entered, error)
+                exit_twice(entered, error)
 
         return async_wrapper
     if kind == "gen":
 
         def gen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _drive(wrapped(*args, **kwargs), Stepped(label, attrs, code), final=True)
+            return drive(wrapped(*args, **kwargs), Stepped(label, attrs, code), final=True)
 
         return gen_wrapper
     if kind == "asyncgen":
 
         def agen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return _SteppedAsyncGen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
+            return SteppedAsyncGen(wrapped(*args, **kwargs), Stepped(label, attrs, code))
 
         return agen_wrapper
+    call = sync_call(func, label, attrs, code)
 
     def sync_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        return sync_runner(label, attrs, code, wrapped)(*args, **kwargs)
+        if wrapped is func:
+            return call(*args, **kwargs)
+        return sync_call(wrapped, label, attrs, code)(*args, **kwargs)  # bound (partialmethod)
 
     return sync_wrapper
-
-
-def _exit_twice(entered: Any, error: BaseException | None) -> None:
-    """:func:`exit_`, run again when a signal's exception cut it short (it is idempotent)."""
-    try:
-        exit_(entered, error)
-    except BaseException:
-        exit_(entered, error)
-        raise
-
-
-class _Intervals:
-    """Awaits a coroutine step by step, recording when its task actually ran (epoch ns).
-
-    Other tasks' ops on the same thread fall between these intervals, which is how a sampled
-    coroutine's summary keeps only its own ops. Each step is a checkpoint for
-    ``max_window_s``.
-    """
-
-    __slots__ = ("_coro", "_intervals")
-
-    def __init__(self, coro: Any, intervals: list[tuple[int, int]]) -> None:
-        self._coro = coro
-        self._intervals = intervals
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, intervals = self._coro, self._intervals
-        send: Any = None
-        throw: BaseException | None = None
-        while True:
-            SLOT.checkpoint()
-            t0 = time.time_ns()
-            try:
-                yielded = coro.throw(throw) if throw is not None else coro.send(send)
-            except StopIteration as stop:
-                intervals.append((t0, time.time_ns()))
-                return stop.value
-            except BaseException:
-                intervals.append((t0, time.time_ns()))
-                raise
-            intervals.append((t0, time.time_ns()))
-            send, throw = None, None
-            try:
-                send = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                throw = exc
-
-
-def _drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
-    """Run a generator-protocol iterator to its end, its scope's frame set only while it runs.
-
-    Yields what ``it`` yields, passes on what is sent or thrown in, returns what it returns.
-    It drives a decorated generator itself (``final``: the scope ends with it) and each step
-    of a decorated async generator (the ``__await__`` of its ``asend``/``athrow``/``aclose``).
-    """
-    error: BaseException | None = None
-    send: Any = None
-    throw: BaseException | None = None
-    try:
-        while True:
-            token = scope.step_in()
-            try:
-                value = it.throw(throw) if throw is not None else it.send(send)
-            except StopIteration as stop:
-                return stop.value
-            finally:
-                scope.step_out(token)
-            send, throw = None, None
-            if final:
-                scope.suspended()
-            try:
-                send = yield value
-            except GeneratorExit:
-                token = scope.step_in()
-                try:
-                    it.close()
-                finally:
-                    scope.step_out(token)
-                raise
-            except BaseException as exc:
-                throw = exc
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        if final:
-            try:
-                scope.finish(error)
-            except BaseException:  # a signal's exception cut the first attempt short
-                scope.finish(error)
-                raise
-
-
-class _SteppedAsyncGen:
-    """A decorated async generator: each ``asend``/``athrow``/``aclose`` runs in its scope.
-
-    The steps are driven by :func:`_drive`, the same driver as a decorated generator's; the
-    scope ends when the async generator does (exhausted, raised or closed).
-    """
-
-    __slots__ = ("_agen", "_scope")
-
-    def __init__(self, agen: Any, scope: Stepped) -> None:
-        self._agen = agen
-        self._scope = scope
-
-    def __aiter__(self) -> _SteppedAsyncGen:
-        return self
-
-    def __anext__(self) -> Any:
-        return self._step(self._agen.asend(None), closing=False)
-
-    def asend(self, value: Any) -> Any:
-        return self._step(self._agen.asend(value), closing=False)
-
-    def athrow(self, *exc: Any) -> Any:
-        return self._step(self._agen.athrow(*exc), closing=False)
-
-    def aclose(self) -> Any:
-        return self._step(self._agen.aclose(), closing=True)
-
-    async def _step(self, awaitable: Any, closing: bool) -> Any:
-        try:
-            result = await _InScope(awaitable, self._scope)
-        except StopAsyncIteration:
-            self._scope.finish(None)
-            raise
-        except BaseException as exc:
-            self._scope.finish(exc)
-            raise
-        if closing:
-            self._scope.finish(None)
-        return result
-
-
-class _InScope:
-    """An awaitable run by :func:`_drive` (its frame set per step, the scope left open)."""
-
-    __slots__ = ("_awaitable", "_scope")
-
-    def __init__(self, awaitable: Any, scope: Stepped) -> None:
-        self._awaitable = awaitable
-        self._scope = scope
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return _drive(self._awaitable.__await__(), self._scope, final=False)
 
 
 def default_label(func: Any) -> str:
@@ -263,25 +123,114 @@ def default_label(func: Any) -> str:
 
 
 def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+    if isinstance(func, (classmethod, staticmethod)):  # the same descriptor, around a label
+        return type(func)(_decorate(func.__func__, name, attributes))
     label = name or default_label(func)
     kind = _kind(func)
     attrs = dict(attributes or {})
+    code = _code_info(func)
     if kind == "sync" and type(func) is types.FunctionType:
-        return _plain_function(func, label, attrs, _code_info(func))
-    return wrapt.FunctionWrapper(func, _make_wrapper(kind, label, attrs, _code_info(func)))
+        return _plain_function(func, label, attrs, code)
+    return _Profiled(func, _make_wrapper(func, kind, label, attrs, code), label, attrs)
 
 
 def _plain_function(
-    func: Callable[..., Any], label: str, attrs: dict[str, Any], code: CodeInfo | None
+    func: types.FunctionType, label: str, attrs: dict[str, Any], code: CodeInfo | None
 ) -> Callable[..., Any]:
-    """A plain ``def`` (also a method defined in a class body) gets a closure, not a proxy.
+    """A plain ``def`` (also a method defined in a class body) gets a function, not a proxy.
 
     ``wrapt.FunctionWrapper`` costs about 1 µs a call for a plain function (it looks up
-    ``__self__`` and builds the AttributeError), the whole off-sample budget; the scope's
-    own closure (:func:`profkit._scope.sync_runner`), ``functools.wraps``-ed, keeps name,
-    docstring, ``__wrapped__`` and signature and binds as a method like any function.
+    ``__self__`` and builds the AttributeError), the whole off-sample budget. The scope's
+    function (:func:`profkit._scope.sync_call`, one frame a call) is rebuilt on ``func``'s
+    globals, where TorchScript resolves the names in ``func``'s source (it reads the source
+    through ``__wrapped__``, the names through the wrapper), and ``functools.wraps`` keeps
+    name, docstring, ``__wrapped__`` and signature. It binds as a method like any function
+    and pickles and copies as one (by its qualified name).
     """
-    return functools.wraps(func)(sync_runner(label, attrs, code, func))
+    call = sync_call(func, label, attrs, code)
+    wrapper = types.FunctionType(
+        call.__code__, func.__globals__, func.__name__, None, call.__closure__
+    )
+    return functools.update_wrapper(wrapper, func)
+
+
+def _redecorate(wrapped: Any, label: str, attributes: dict[str, Any]) -> Any:
+    """A decorated callable again, from what it wraps (unpickling and copying by value)."""
+    return _decorate(wrapped, label, attributes)
+
+
+def _global_name(obj: Any) -> str | None:
+    """``obj``'s qualified name if its module holds it there (pickle's rule for functions)."""
+    module = sys.modules.get(str(getattr(obj, "__module__", None)))
+    qualname = getattr(obj, "__qualname__", None)
+    if module is None or not isinstance(qualname, str):
+        return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return qualname if found is obj else None
+
+
+#: what ``copy`` returns as is (it copies functions, builtins and classes by reference)
+_ATOMIC = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
+
+
+class _BoundProfiled(wrapt.BoundFunctionWrapper[..., Any]):
+    """A decorated method bound to an instance (or looked up on its class).
+
+    Pickles, copies and deep-copies like a bound method: as ``getattr(instance, name)``.
+    """
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return getattr, (self._bound_to(), self.__name__)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return getattr(copy.deepcopy(self._bound_to(), memo), self.__name__)
+
+    def _bound_to(self) -> Any:
+        return self._self_owner if self._self_instance is None else self._self_instance
+
+
+class _Profiled(wrapt.FunctionWrapper[..., Any]):
+    """A decorated coroutine function, generator, async generator or other callable.
+
+    A wrapt proxy (so ``inspect`` predicates and attribute access see the wrapped object)
+    that pickles and copies like what it wraps: by its qualified name when its module holds
+    it (as functions pickle), else by value: the wrapped object, decorated again on load.
+    """
+
+    __bound_function_wrapper__ = _BoundProfiled
+
+    def __init__(self, wrapped: Any, wrapper: Any, label: str, attributes: dict[str, Any]):
+        super().__init__(wrapped, wrapper)
+        self._self_label = label
+        self._self_attributes = attributes
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        name = _global_name(self)
+        if name is not None:
+            return name  # pickle saves a global and checks that it finds this object again
+        return _redecorate, (self.__wrapped__, self._self_label, self._self_attributes)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        if isinstance(self.__wrapped__, _ATOMIC):
+            return self
+        return _redecorate(copy.copy(self.__wrapped__), self._self_label, self._self_attributes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if isinstance(self.__wrapped__, _ATOMIC):
+            return self
+        wrapped = copy.deepcopy(self.__wrapped__, memo)
+        return _redecorate(wrapped, self._self_label, self._self_attributes)
 
 
 @overload
@@ -349,9 +298,14 @@ class region:
         self._outer: list[Any] | None = None  # only when one object re-enters
 
     def __enter__(self) -> region:
+        if compiling() and compiled_away(self.label):
+            return self  # traced by torch.compile: nothing to record or undo
         if self._entered is None and _get_frame() is OFF:
             return self  # nested in an unsampled root call: nothing to record or undo
-        entered = enter(self.label, self._attributes, None)
+        try:
+            entered = enter(self.label, self._attributes, None)
+        except RecursionError:  # no stack left to record it (enter undid its part): unlabelled
+            return self
         if self._entered is not None:
             if self._outer is None:
                 self._outer = []
@@ -364,7 +318,7 @@ class region:
         if entered is None and not self._outer:
             return
         self._entered = self._outer.pop() if self._outer else None
-        try:  # _exit_twice, inlined: a frame less on every off-sample region
+        try:  # exit_twice, inlined: a frame less on every off-sample region
             exit_(entered, exc)
         except BaseException:
             exit_(entered, exc)

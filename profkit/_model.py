@@ -164,6 +164,12 @@ class CallSummary:
     may resume on another thread), "foreign_profiler" (stopped for the user's profiler),
     "max_events" (only the earliest events were summarised), or None (complete)."""
     device_active: bool = False
+    compile_us: float = 0.0
+    """Time the call spent in ``torch.compile`` (dynamo, inductor) compiling a graph. Those
+    events are one ``torch.compile`` row in the op tables, never counted as the model's ops."""
+    compiled_labels: tuple[str, ...] = ()
+    """profkit labels inside the compiled graphs the call ran: traced away by the compiler,
+    so they have no span of their own (their ops are in the enclosing scope)."""
     diagnosis: Diagnosis | None = None
     trace_id: str = ""
     """Hex trace id of the call's span once the span step recorded it (else empty)."""

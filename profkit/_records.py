@@ -16,7 +16,7 @@ from ._model import CodeInfo
 if TYPE_CHECKING:
     from ._window import Window
 
-__all__ = ["CallRecord", "RawEvent", "ScopeRecord"]
+__all__ = ["COMPILED", "CallRecord", "CompiledLabels", "RawEvent", "ScopeRecord"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -37,12 +37,16 @@ class ScopeRecord:
         """Close the range and take the end time, once; returns what the range's exit raised.
 
         Called on the scope's exit, and for every open scope when its window is cut short.
+        A range that finds no stack left to close (deep in a recursion) stays open for the
+        root call's :meth:`CallRecord.close_scopes`, which runs with stack to spare.
         """
         rf, self.rf = self.rf, None
         failure: Exception | None = None
         try:
             if rf is not None:
                 rf.__exit__(None, None, None)
+        except RecursionError:
+            self.rf = rf
         except Exception as exc:
             failure = exc
         finally:
@@ -78,6 +82,35 @@ class CallRecord:
             if record.end_ns == 0 or record.rf is not None:
                 failure = record.close() or failure
         return failure
+
+
+class CompiledLabels:
+    """Which profkit labels ``torch.compile`` traced into which compiled frame, process-wide.
+
+    Filled at trace time (:func:`profkit._compiler.compiled_away`), keyed by compile id
+    (``"0/0"``: frame 0, first compile), read by the summary for the compiled regions a
+    sampled call ran. Bounded: past ``limit`` compile ids, new ones are not noted.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._labels: dict[str, tuple[int, tuple[str, ...]]] = {}
+
+    def note(self, compile_id: str, label: str, compile: int) -> None:
+        """Note ``label`` under ``compile_id``; a new ``compile`` (token) of an id replaces it."""
+        token, known = self._labels.get(compile_id, (compile, ()))
+        if token != compile:
+            known = ()  # the id was reused (after torch._dynamo.reset()): forget the old compile
+        if label not in known and (compile_id in self._labels or len(self._labels) < self._limit):
+            self._labels[compile_id] = (compile, (*known, label))  # one store: no lock needed
+
+    def labels(self, compile_id: str) -> tuple[str, ...]:
+        """The labels traced into ``compile_id``, in trace order (empty if none or unknown)."""
+        return self._labels.get(compile_id, (0, ()))[1]
+
+
+#: the process-wide registry of labels compiled away
+COMPILED = CompiledLabels()
 
 
 class _Range:

@@ -8,8 +8,9 @@ A context variable holds where the current context stands:
   ``record_function`` ranges, so they show up in the profile.
 
 :func:`enter` / :func:`exit_` are the scope, for every kind of caller (``region``, coroutines,
-generators). :func:`sync_runner` is the same logic for a synchronous call, inlined once for
-the hot path (an off-sample call then runs no other Python function but ``begin_root``).
+generators). :func:`sync_call` is the same logic for a synchronous call, inlined once for
+the hot path (an off-sample call then runs no other Python function than ``begin_root``
+and the compiler check that makes it nothing under ``torch.compile``).
 :class:`Stepped` keeps a scope open across the steps of a generator or async generator.
 Off-sample, no torch function is called at all.
 
@@ -31,6 +32,7 @@ from typing import Any
 from torch.autograd.profiler import record_function
 
 from . import _errors
+from ._compiler import compiled_away, compiling
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
 from ._slot import SLOT
@@ -44,7 +46,7 @@ __all__ = [
     "Stepped",
     "enter",
     "exit_",
-    "sync_runner",
+    "sync_call",
 ]
 
 
@@ -111,13 +113,18 @@ def _open(
     active = Active(call, len(call.scopes), parent, session)
     call.scopes.append(record)
     FRAME.set(active)
-    SLOT.checkpoint()
+    try:
+        SLOT.checkpoint()
+    except RecursionError:  # no stack left here (from now on, none raises out of _open)
+        return active
     if call.stopped:
         return active  # the checkpoint just cut the window short: nothing to record
     try:
         rf = record_function(label)
         rf.__enter__()  # type: ignore[no-untyped-call]
         record.rf = rf
+    except RecursionError:  # no stack left for the range here: the scope stays Python-timed
+        pass
     except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope
         _count(session, "record_function", exc)
     return active
@@ -238,65 +245,81 @@ def _leave_nested(entered: Active | None, frame: Active, error: BaseException | 
         _abort_nested(frame)
 
 
-def sync_runner(
-    label: str, attributes: dict[str, Any], code: CodeInfo | None, fn: Callable[..., Any]
+def sync_call(
+    fn: Callable[..., Any], label: str, attributes: dict[str, Any], code: CodeInfo | None
 ) -> Callable[..., Any]:
-    """``run(*args, **kwargs)`` calls ``fn`` in a scope: :func:`enter` and :func:`exit_`, inlined.
+    """``fn`` in a scope: :func:`enter` and :func:`exit_` inlined, in one Python frame.
 
-    For a plain function ``run`` is the decorated function itself (no frame in between); a
-    wrapt-wrapped callable builds one per call around the bound ``wrapped``. An unsampled
-    root call sets the frame to ``OFF`` and allocates nothing; the frame is set back with
-    its token, or to ``None`` by value when a signal's exception kept the token from being
-    stored.
+    An unsampled root call sets the frame to ``OFF`` and allocates nothing; the frame is
+    set back with its token, or to ``None`` by value when a signal's exception kept the
+    token from being stored. While ``torch.compile`` traces it, the call is ``fn`` itself
+    (:mod:`profkit._compiler`).
+    A nested scope that finds no stack left to record itself (a ``RecursionError`` in its
+    bookkeeping) runs unlabelled, so a recursion gets as deep sampled as unsampled.
+
+    The returned function reads no module global: every name it uses is a cell of this
+    closure, prefixed ``pk_`` so that none hides a name of ``fn``'s module. So
+    :mod:`profkit._api` can rebuild it on ``fn``'s globals, where TorchScript looks up the
+    names in ``fn``'s source.
     """
+    pk_fn, pk_label, pk_attributes, pk_code = fn, label, attributes, code
+    pk_compiling, pk_compiled_away = compiling, compiled_away
+    pk_get, pk_set, pk_reset, pk_off, pk_global = FRAME.get, FRAME.set, FRAME.reset, OFF, GLOBAL
+    pk_open, pk_internal = _open, _errors.internal
+    pk_leave_nested, pk_leave_root = _leave_nested, _leave_root
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        frame = FRAME.get()
-        if frame is not None and (frame is OFF or not frame.call.done):
-            if frame is OFF or frame.call.stopped:
-                return fn(*args, **kwargs)
+    def profiled_call(*args: Any, **kwargs: Any) -> Any:
+        if pk_compiling() and pk_compiled_away(pk_label):
+            return pk_fn(*args, **kwargs)
+        frame = pk_get()
+        if frame is not None and (frame is pk_off or not frame.call.done):
+            if frame is pk_off or frame.call.stopped:
+                return pk_fn(*args, **kwargs)
             entered = error = None
             try:
-                entered = _open(frame.call, frame, None, label, attributes, code)
-                return fn(*args, **kwargs)
+                try:  # noqa: SIM105  # contextlib.suppress is a frame more and an object
+                    entered = pk_open(frame.call, frame, None, pk_label, pk_attributes, pk_code)
+                except RecursionError:  # no stack left to record the scope: run it unlabelled
+                    pass  # (what _open left, if anything, is undone with the scope's exit)
+                return pk_fn(*args, **kwargs)
             except BaseException as exc:
                 error = exc
                 raise
             finally:
                 try:
-                    _leave_nested(entered, frame, error)
+                    pk_leave_nested(entered, frame, error)
                 except BaseException:  # a signal's exception cut the first attempt short
-                    _leave_nested(entered, frame, error)
+                    pk_leave_nested(entered, frame, error)
                     raise
         # a root call (or a frame left behind by a call that ended: stale, so a root too)
-        session = GLOBAL.session
+        session = pk_global.session
         if session is None or not session.active:
-            return fn(*args, **kwargs)
+            return pk_fn(*args, **kwargs)
         call = entered = error = token = None
         try:
-            token = FRAME.set(OFF)
+            token = pk_set(pk_off)
             try:  # a failing begin_root is counted; the call then runs unsampled
-                call = session.begin_root(label)
+                call = session.begin_root(pk_label)
             except Exception as exc:
-                _errors.internal(session.stats, "begin_root", exc)
+                pk_internal(session.stats, "begin_root", exc)
             if call is None:
-                return fn(*args, **kwargs)
-            entered = _open(call, None, session, label, attributes, code)
-            return fn(*args, **kwargs)
+                return pk_fn(*args, **kwargs)
+            entered = pk_open(call, None, session, pk_label, pk_attributes, pk_code)
+            return pk_fn(*args, **kwargs)
         except BaseException as exc:
             error = exc
             raise
         finally:
             if call is None:  # by token when it was stored (cheaper), else by value
-                FRAME.reset(token) if token is not None else FRAME.set(None)
+                pk_reset(token) if token is not None else pk_set(None)
             else:
                 try:
-                    _leave_root(entered, call, session, error)
+                    pk_leave_root(entered, call, session, error)
                 except BaseException:  # a signal's exception cut the first attempt short
-                    _leave_root(entered, call, session, error)
+                    pk_leave_root(entered, call, session, error)
                     raise
 
-    return run
+    return profiled_call
 
 
 class Stepped:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ._compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
 from ._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
 from ._records import CallRecord, RawEvent, ScopeRecord
 from ._text import clean
@@ -153,6 +154,7 @@ class _Index:
         self.scope_marks: dict[str, list[EventView]] = defaultdict(list)
         self.ops: list[EventView] = []
         self.device_by_link: dict[int, list[EventView]] = defaultdict(list)
+        compiles: list[EventView] = []
         for v in views:
             if v.device:
                 self.device_by_link[v.linked].append(v)
@@ -160,6 +162,12 @@ class _Index:
                 self.scope_marks[v.name].append(v)
             else:
                 self.ops.append(v)
+                if is_compile_event(v.name):
+                    compiles.append(v)
+        #: ids of the outermost compile events: each stands for the compile work inside it
+        self.compiles: set[int] = set()
+        if compiles:
+            self.ops, self.compiles = fold_compiles(self.ops, compiles)
         self.ops.sort(key=lambda v: v.start_ns)
         self.starts = [v.start_ns for v in self.ops]
 
@@ -174,6 +182,13 @@ class _Index:
             ):
                 best = v
         return best
+
+    def split_compiles(self, evs: list[EventView]) -> tuple[list[EventView], list[EventView]]:
+        """A scope's events as (ops, outermost compile events)."""
+        if not self.compiles:
+            return evs, []
+        done = self.compiles
+        return [v for v in evs if id(v) not in done], [v for v in evs if id(v) in done]
 
     def ops_between(self, start_ns: int, end_ns: int) -> list[EventView]:
         lo = bisect.bisect_left(self.starts, start_ns)
@@ -275,10 +290,15 @@ def _build_call(
     intervals = sorted(call.intervals) if call.intervals else None
     attribution, per_scope = _attribute(index, call, marks, intervals, all_threads)
     scopes = []
+    compile_us = 0.0
     for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
-        evs = per_scope[i]
+        evs, compiles = index.split_compiles(per_scope[i])
         rows = rows_for(evs, by_shapes, limit)
+        if compiles:
+            rows.append(compile_row(compiles))
+            if i == 0:  # the root's (scopes are inclusive)
+                compile_us = rows[-1].self_cpu_us
         cpu = [v for v in evs if not v.device]
         scopes.append(
             ScopeSummary(
@@ -311,6 +331,8 @@ def _build_call(
         thread_name=call.thread_name,
         truncated=call.truncated,
         device_active=device_active,
+        compile_us=compile_us,
+        compiled_labels=compiled_labels(per_scope[0], limit),
     )
 
 

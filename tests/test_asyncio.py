@@ -40,14 +40,17 @@ def _rows(scope: profkit.ScopeSummary) -> dict[str, int]:
 
 
 def _check_own_ops_only(call: profkit.CallSummary) -> None:
+    """Exactly its own ops; a window cut short (it says why) holds the first of them only."""
     rows = _rows(call.root)
+    full = call.truncated is None
     if call.label == "mm_task":
-        assert 2 * BURSTS == rows["aten::mm"]
+        assert rows["aten::mm"] == 2 * BURSTS if full else rows["aten::mm"] <= 2 * BURSTS
         assert set() == {name for name in rows if "softmax" in name}
     else:
-        assert 2 * BURSTS == rows["aten::softmax"]
+        softmax = rows.get("aten::softmax", 0)
+        assert softmax == 2 * BURSTS if full else softmax <= 2 * BURSTS
         assert "aten::mm" not in rows
-        for stage in call.scopes[1:]:
+        for stage in call.scopes[1:] if full else ():
             assert 2 == _rows(stage)["aten::softmax"]
             assert "aten::mm" not in _rows(stage)
 
@@ -110,6 +113,7 @@ def test_fifty_concurrent_tasks_every_sample_holds_only_its_own_ops() -> None:
     )
     assert len(cap.calls) == stats["exported"]
     assert {"mm_task", "softmax_task"} == {call.label for call in cap.calls}
+    assert sum(call.truncated is None for call in cap.calls) >= len(cap.calls) // 2
     for call in cap.calls:
         assert call.attribution == "task"
         _check_own_ops_only(call)

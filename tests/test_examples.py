@@ -93,6 +93,19 @@ def test_training_loop_prints_sampled_windows() -> None:
     assert "root_calls=300 windows=3 warmup_calls=3 sampled=6 exported=6" in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compiled_model_compiles_the_regions_away() -> None:
+    """examples/compiled_model.py: one compile (a torch.compile row), labels compiled away."""
+    result = run_example("examples/compiled_model.py", timeout=280)
+    assert 3 == result.stderr.count("profkit ▸ predict")
+    assert 1 == result.stderr.count("torch.compile compiled in this call")
+    assert 3 == result.stderr.count("compiled away (no span): encode, head")
+    assert 3 == result.stderr.count("region preprocess ")
+    assert "dynamo_timed" not in result.stderr
+    assert "root_calls=101 sampled=3 exported=3" in result.stdout
+
+
 def _load_script() -> Any:
     spec = importlib.util.spec_from_file_location(
         "example_load", EXAMPLES / "fastapi_service/load.py"

@@ -63,6 +63,10 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
         out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
     if call.truncated:
         out["truncated"] = call.truncated
+    if call.compile_us:
+        out["compile_us"] = round(call.compile_us, 3)
+    if call.compiled_labels:
+        out["compiled_labels"] = list(call.compiled_labels)
     if call.trace_path:
         out["trace_path"] = call.trace_path
     if call.diagnosis is not None:

@@ -33,6 +33,10 @@ def render_call(call: CallSummary) -> str:
     for scope in call.scopes[1:]:
         depth = _depth(call, scope.index)
         lines.append(f"  {'  ' * depth}region {scope.label:<24} {scope.duration_us / 1000:9.3f} ms")
+    if call.compile_us:
+        lines.append(f"  torch.compile compiled in this call: {call.compile_us / 1e3:.3f} ms")
+    if call.compiled_labels:
+        lines.append(f"  compiled away (no span): {', '.join(call.compiled_labels)}")
     if call.diagnosis is not None:
         d = call.diagnosis
         sure = "" if d.confidence == "high" else f" ({d.confidence} confidence)"

@@ -112,6 +112,10 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
     }
     if call.truncated:
         attrs["profkit.truncated"] = call.truncated
+    if call.compile_us:
+        attrs["profkit.compile_us"] = round(call.compile_us, 3)
+    if call.compiled_labels:
+        attrs["profkit.compiled_labels"] = list(call.compiled_labels)
     if call.trace_path:
         attrs["profkit.trace.path"] = call.trace_path
     d = call.diagnosis

@@ -1,0 +1,166 @@
+"""Drivers for decorated coroutines, generators and async generators (used by ``_api``).
+
+A coroutine's steps are timed (:class:`Intervals`) so that a sampled task keeps only its own
+ops; a generator, and each step of an async generator, is run by one driver (:func:`drive`)
+that sets the scope's frame only while the generator runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+from ._scope import Stepped, exit_
+from ._slot import SLOT
+
+__all__ = ["Intervals", "SteppedAsyncGen", "drive", "exit_twice"]
+
+
+def exit_twice(entered: Any, error: BaseException | None) -> None:
+    """:func:`exit_`, run again when a signal's exception cut it short (it is idempotent)."""
+    try:
+        exit_(entered, error)
+    except BaseException:
+        exit_(entered, error)
+        raise
+
+
+class Intervals:
+    """Awaits a coroutine step by step, recording when its task actually ran (epoch ns).
+
+    Other tasks' ops on the same thread fall between these intervals, which is how a sampled
+    coroutine's summary keeps only its own ops. Each step is a checkpoint for
+    ``max_window_s``.
+    """
+
+    __slots__ = ("_coro", "_intervals")
+
+    def __init__(self, coro: Any, intervals: list[tuple[int, int]]) -> None:
+        self._coro = coro
+        self._intervals = intervals
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, intervals = self._coro, self._intervals
+        send: Any = None
+        throw: BaseException | None = None
+        while True:
+            SLOT.checkpoint()
+            t0 = time.time_ns()
+            try:
+                yielded = coro.throw(throw) if throw is not None else coro.send(send)
+            except StopIteration as stop:
+                intervals.append((t0, time.time_ns()))
+                return stop.value
+            except BaseException:
+                intervals.append((t0, time.time_ns()))
+                raise
+            intervals.append((t0, time.time_ns()))
+            send, throw = None, None
+            try:
+                send = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                throw = exc
+
+
+def drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
+    """Run a generator-protocol iterator to its end, its scope's frame set only while it runs.
+
+    Yields what ``it`` yields, passes on what is sent or thrown in, returns what it returns.
+    It drives a decorated generator itself (``final``: the scope ends with it) and each step
+    of a decorated async generator (the ``__await__`` of its ``asend``/``athrow``/``aclose``).
+    """
+    error: BaseException | None = None
+    send: Any = None
+    throw: BaseException | None = None
+    try:
+        while True:
+            token = scope.step_in()
+            try:
+                value = it.throw(throw) if throw is not None else it.send(send)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                scope.step_out(token)
+            send, throw = None, None
+            if final:
+                scope.suspended()
+            try:
+                send = yield value
+            except GeneratorExit:
+                token = scope.step_in()
+                try:
+                    it.close()
+                finally:
+                    scope.step_out(token)
+                raise
+            except BaseException as exc:
+                throw = exc
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if final:
+            try:
+                scope.finish(error)
+            except BaseException:  # a signal's exception cut the first attempt short
+                scope.finish(error)
+                raise
+
+
+class SteppedAsyncGen:
+    """A decorated async generator: each ``asend``/``athrow``/``aclose`` runs in its scope.
+
+    The steps are driven by :func:`drive`, the same driver as a decorated generator's; the
+    scope ends when the async generator does (exhausted, raised or closed).
+    """
+
+    __slots__ = ("_agen", "_scope")
+
+    def __init__(self, agen: Any, scope: Stepped) -> None:
+        self._agen = agen
+        self._scope = scope
+
+    def __aiter__(self) -> SteppedAsyncGen:
+        return self
+
+    def __anext__(self) -> Any:
+        return self._step(self._agen.asend(None), closing=False)
+
+    def asend(self, value: Any) -> Any:
+        return self._step(self._agen.asend(value), closing=False)
+
+    def athrow(self, *exc: Any) -> Any:
+        return self._step(self._agen.athrow(*exc), closing=False)
+
+    def aclose(self) -> Any:
+        return self._step(self._agen.aclose(), closing=True)
+
+    async def _step(self, awaitable: Any, closing: bool) -> Any:
+        try:
+            result = await _InScope(awaitable, self._scope)
+        except StopAsyncIteration:
+            self._scope.finish(None)
+            raise
+        except BaseException as exc:
+            self._scope.finish(exc)
+            raise
+        if closing:
+            self._scope.finish(None)
+        return result
+
+
+class _InScope:
+    """An awaitable run by :func:`drive` (its frame set per step, the scope left open)."""
+
+    __slots__ = ("_awaitable", "_scope")
+
+    def __init__(self, awaitable: Any, scope: Stepped) -> None:
+        self._awaitable = awaitable
+        self._scope = scope
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return drive(self._awaitable.__await__(), self._scope, final=False)
