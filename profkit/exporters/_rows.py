@@ -7,7 +7,7 @@ from typing import Any
 
 from .._model import CallSummary, OpRow
 
-__all__ = ["call_fields", "iso_time", "op_dict"]
+__all__ = ["call_extras", "call_fields", "iso_time", "op_dict"]
 
 
 def iso_time(epoch_ns: int) -> str:
@@ -40,6 +40,20 @@ def op_dict(row: OpRow) -> dict[str, Any]:
     return out
 
 
+def call_extras(call: CallSummary) -> dict[str, Any]:
+    """The facts a call has only sometimes, by their log field names (spans prefix them)."""
+    out: dict[str, Any] = {}
+    if call.truncated:
+        out["truncated"] = call.truncated
+    if call.compile_us:
+        out["compile_us"] = round(call.compile_us, 3)
+    if call.compiled_labels:
+        out["compiled_labels"] = list(call.compiled_labels)
+    if call.trace_path:
+        out["trace_path"] = call.trace_path
+    return out
+
+
 def call_fields(call: CallSummary) -> dict[str, Any]:
     """The fields of the ``profkit.profile`` event (without trace ids)."""
     root = call.root
@@ -61,14 +75,7 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
     }
     if call.error is not None:
         out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
-    if call.truncated:
-        out["truncated"] = call.truncated
-    if call.compile_us:
-        out["compile_us"] = round(call.compile_us, 3)
-    if call.compiled_labels:
-        out["compiled_labels"] = list(call.compiled_labels)
-    if call.trace_path:
-        out["trace_path"] = call.trace_path
+    out.update(call_extras(call))
     if call.diagnosis is not None:
         d = call.diagnosis
         out["diagnosis"] = d.verdict

@@ -22,6 +22,7 @@ from .._model import CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
 from .._text import clip
 from .._version import __version__
 from . import Exporter
+from ._rows import call_extras
 
 __all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_attributes"]
 
@@ -103,6 +104,10 @@ def scope_attributes(call: CallSummary, scope: ScopeSummary) -> dict[str, Any]:
     return attrs
 
 
+#: span attribute names of the optional call facts whose name is not ``profkit.<field>``
+_EXTRA_NAMES = {"trace_path": "profkit.trace.path"}
+
+
 def _root_attributes(call: CallSummary) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "profkit.sampling.policy": call.policy,
@@ -110,14 +115,8 @@ def _root_attributes(call: CallSummary) -> dict[str, Any]:
         "profkit.call.index": call.call_index,
         "profkit.events.total": call.events_total,
     }
-    if call.truncated:
-        attrs["profkit.truncated"] = call.truncated
-    if call.compile_us:
-        attrs["profkit.compile_us"] = round(call.compile_us, 3)
-    if call.compiled_labels:
-        attrs["profkit.compiled_labels"] = list(call.compiled_labels)
-    if call.trace_path:
-        attrs["profkit.trace.path"] = call.trace_path
+    for field, value in call_extras(call).items():
+        attrs[_EXTRA_NAMES.get(field, f"profkit.{field}")] = value
     d = call.diagnosis
     if d is not None:
         attrs["profkit.diagnosis.verdict"] = d.verdict
