@@ -44,6 +44,10 @@ class Config:
     max_per_minute: float | None = None
     """Cap on profiler windows opened per minute (token bucket); None means no cap."""
 
+    max_overhead: float | None = None
+    """Largest share of the process's CPU time profkit may use (0.01: 1%), over the last ~10 s;
+    past it, sampled calls are skipped (``skipped_budget``). None means no budget."""
+
     window: int = 1
     """Root calls recorded per profiler window (on the thread that opened it)."""
 
@@ -210,6 +214,9 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, ok, value, "must be a number in [0, 1]")
     elif name == "max_per_minute":
         _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
+    elif name == "max_overhead":
+        ok = value is None or (_is_num(value) and 0 < value <= 1)
+        _check(name, ok, value, "must be a fraction in (0, 1] or None")
     elif name in (
         "window",
         "top_k",

@@ -77,6 +77,14 @@ class ExportPipeline:
 
     # -- request path -----------------------------------------------------------------------
 
+    def full(self) -> bool:
+        """Whether a window recorded now would find the queue full (no lock: one C call).
+
+        The session asks before it opens a window: a window that would be dropped as
+        ``queue_full`` is not recorded at all (``skipped_backlog``).
+        """
+        return self._queue.qsize() >= self._queue_size
+
     def offer(self, win: Window) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
@@ -120,7 +128,9 @@ class ExportPipeline:
             # at once, the worker takes the GIL at the call's next release (freeing a tensor
             # can release it) and the sampled request waits out a whole switch interval
             time.sleep(_HANDOFF_GRACE_S)
+            cpu0 = time.thread_time()
             self._handle(item)
+            self.stats.cpu.charge(time.thread_time() - cpu0)  # profkit's CPU time: the budget
 
     def _handle(self, win: Window) -> None:
         recorded = win.recorded

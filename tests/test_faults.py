@@ -305,13 +305,38 @@ def test_warm_up_survives_a_parse_failure(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.usefixtures("swallow_internal_errors")
-def test_queue_full_drops_and_counts() -> None:
-    """A full queue (worker stuck on a slow exporter) drops windows, counted as queue_full."""
+def test_full_queue_skips_calls_before_recording() -> None:
+    """A full queue (worker stuck on a slow exporter): later calls are not profiled at all."""
     slow = BlockingExporter()
     try:
         with capture(
             sample_every=1, queue_size=1, export_timeout=30.0, extra_exporters=(slow,)
         ) as cap:
+            assert [EXPECTED] * 5 == [predict(X) for _ in range(5)]
+            skipped = profkit.stats()["skipped_backlog"]
+            slow.release.set()
+            assert profkit.force_flush(20.0)
+    finally:
+        slow.release.set()
+    assert skipped >= 3  # one window in the worker, one in the queue, the rest skipped
+    assert (skipped, 0) == (cap.stats["skipped_backlog"], cap.stats["dropped"])
+    assert 5 - skipped == cap.stats["sampled"] == cap.stats["exported"] == len(cap.calls)
+    assert _reconciled(cap.stats)
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_recorded_window_that_finds_the_queue_full_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window recorded before the queue filled (the check raced) is dropped as queue_full."""
+    slow = BlockingExporter()
+    try:
+        with capture(
+            sample_every=1, queue_size=1, export_timeout=30.0, extra_exporters=(slow,)
+        ) as cap:
+            session = get_session()
+            assert session is not None
+            monkeypatch.setattr(session.pipeline, "full", lambda: False)
             assert [EXPECTED] * 5 == [predict(X) for _ in range(5)]
             dropped = profkit.stats()["dropped_reasons"].get("queue_full", 0)
             slow.release.set()
@@ -319,7 +344,7 @@ def test_queue_full_drops_and_counts() -> None:
     finally:
         slow.release.set()
     assert dropped >= 3  # one window in the worker, one in the queue, the rest dropped
-    assert dropped == cap.stats["dropped_reasons"]["queue_full"]
+    assert dropped == cap.stats["dropped_reasons"]["queue_full"] == cap.stats["dropped"]
     assert 5 == cap.stats["exported"] + cap.stats["dropped"]
     assert 5 - dropped == len(cap.calls)
     assert _reconciled(cap.stats)
