@@ -11,6 +11,7 @@ when is the slot's business (:mod:`profkit._slot`), not this module's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -127,6 +128,12 @@ def resolve_activities(spec: str) -> list[ProfilerActivity]:
     if torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
     return acts
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_only(spec: str) -> bool:
+    """Whether the ``activities`` setting records the CPU only (no device events to expect)."""
+    return resolve_activities(spec) == [ProfilerActivity.CPU]
 
 
 def make_profiler(config: Config) -> profile:
@@ -325,7 +332,13 @@ class Window:
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
-            events = read_cpu_events(raw, trace_start, cfg.record_shapes)
+            events = read_cpu_events(
+                raw,
+                cfg.record_shapes,
+                with_flops=cfg.with_flops,
+                cpu_only=_cpu_only(cfg.activities),
+                marks={s.label for c in self.calls for s in c.scopes},
+            )
         if events is None:
             if cut:
                 raise Unreadable("too_many_events")

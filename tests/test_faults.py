@@ -212,7 +212,7 @@ def test_summary_builder_meets_odd_events(monkeypatch: pytest.MonkeyPatch) -> No
         return real + _weird_events(real)
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)  # torch's parser
     with capture(sample_every=1, top_k=50) as cap:
         assert EXPECTED == predict(X)
     (call,) = cap.calls
@@ -232,7 +232,7 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("cannot parse")
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)  # torch's parser
     with capture(sample_every=1) as cap:
         assert EXPECTED == predict(X)
     assert [] == cap.calls
@@ -245,7 +245,7 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
 def test_fast_event_reader_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None:
     """If profkit's own raw-event reader fails, the window is dropped and counted."""
 
-    def read(*args: Any) -> Any:
+    def read(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("odd kineto event")
 
     monkeypatch.setattr(_window, "read_cpu_events", read)
@@ -273,8 +273,9 @@ def test_fast_event_reader_meets_an_undecodable_name(monkeypatch: pytest.MonkeyP
     """An event name that is not UTF-8 becomes a placeholder row; the call is still exported."""
     real_read = _window.read_cpu_events
 
-    def read(raw: Any, *args: Any) -> Any:
-        return real_read([_MangledName(k) if k.name() == "aten::mm" else k for k in raw], *args)
+    def read(raw: Any, *args: Any, **kwargs: Any) -> Any:
+        mangled = [_MangledName(k) if k.name() == "aten::mm" else k for k in raw]
+        return real_read(mangled, *args, **kwargs)
 
     monkeypatch.setattr(_window, "read_cpu_events", read)
     with capture(sample_every=1, top_k=50) as cap:
