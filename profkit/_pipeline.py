@@ -128,11 +128,10 @@ class ExportPipeline:
             # at once, the worker takes the GIL at the call's next release (freeing a tensor
             # can release it) and the sampled request waits out a whole switch interval
             time.sleep(_HANDOFF_GRACE_S)
-            cpu0 = time.thread_time()
             self._handle(item)
-            self.stats.cpu.charge(time.thread_time() - cpu0)  # profkit's CPU time: the budget
 
     def _handle(self, win: Window) -> None:
+        cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
         recorded = win.recorded
         try:
             exported, reason = 0, "worker_error"
@@ -144,14 +143,18 @@ class ExportPipeline:
             if recorded > exported:
                 self.stats.drop(reason, recorded - exported)
         finally:
-            win.release()  # events and kineto results freed now, by reference counting
-            self._windows_done += 1
-            if self._windows_done % _GC_EVERY == 0:
-                # young generations only: what release() leaves in cycles is small, and a
-                # full collection holds the GIL (every request thread) for hundreds of ms
-                gc.collect(1)
-            self._settle(recorded)
-            self._after_each()
+            try:
+                win.release()  # events and kineto results freed now, by reference counting
+                self._windows_done += 1
+                if self._windows_done % _GC_EVERY == 0:
+                    # young generations only: what release() leaves in cycles is small, and a
+                    # full collection holds the GIL (every request thread) for hundreds of ms
+                    gc.collect(1)
+                self._after_each()
+            finally:
+                # charged before a flush waiting for this window can return
+                self.stats.cpu.charge(time.thread_time() - cpu0)
+                self._settle(recorded)
 
     def _settle(self, recorded: int) -> None:
         """``recorded`` handed-off calls are counted now; wake whoever flushes."""

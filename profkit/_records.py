@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._model import CodeInfo
 
 if TYPE_CHECKING:
     from ._window import Window
 
-__all__ = ["CallRecord", "RawEvent", "ScopeRecord"]
+__all__ = ["CallRecord", "RawEvent", "ScopeRecord", "Unreadable", "WindowEvents"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -143,3 +144,24 @@ class RawEvent:
     @property
     def is_user_annotation(self) -> bool:
         return self.user
+
+
+class Unreadable(Exception):
+    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WindowEvents(NamedTuple):
+    """A stopped window's events, ready for the summary builder."""
+
+    raw_count: int
+    """Raw profiler events in the window (before filtering)."""
+    trace_start_ns: int
+    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
+    events: Sequence[Any]
+    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
+    cut: bool = False
+    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ._config import Config
 from ._raw import read_cpu_events
-from ._records import CallRecord
+from ._records import CallRecord, Unreadable, WindowEvents
 
 __all__ = [
     "Unreadable",
@@ -35,10 +35,15 @@ __all__ = [
     "make_profiler",
     "on_foreign_start",
     "prime",
+    "recording_cost",
     "started_before_fork",
 ]
 
 _primed: set[tuple[str, bool]] = set()
+#: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
+_per_event: dict[tuple[str, bool], float] = {}
+#: one-event ops timed with and without the profiler to measure that (a few ms in all)
+_CAL_OPS = 500
 _prime_lock = threading.Lock()
 #: the process in which profkit last started a torch profiler (0: none yet)
 _started_in_pid = 0
@@ -156,7 +161,8 @@ def make_profiler(config: Config) -> profile:
 def prime(config: Config) -> float:
     """Start and stop a profiler once per process and setting, so no request pays ~1 s.
 
-    Returns the seconds it took (0.0 when this process was already primed).
+    While it runs, it also measures what the profiler adds per recorded op on this thread
+    (:func:`recording_cost`). Returns the seconds it took (0.0 when already primed).
     """
     key = (config.activities, config.all_threads)
     with _prime_lock:
@@ -166,10 +172,12 @@ def prime(config: Config) -> float:
         t0 = time.perf_counter()
         prof = make_profiler(config)
         _started_in_pid = os.getpid()
+        bare = _ops_cpu()
         with _ours():
             prof.start()
         with torch.autograd.profiler.record_function("profkit.prime"):
             torch.ones(2, 2).add_(1)
+        _per_event[key] = max(0.0, _ops_cpu() - bare) / _CAL_OPS  # what recording adds
         prof.stop()
         # import and run torch's parser once; a parse failure of this throwaway profile (the
         # first with_stack profile of a process can hold a mangled, non-UTF-8 event name) is
@@ -180,25 +188,22 @@ def prime(config: Config) -> float:
         return time.perf_counter() - t0
 
 
-class Unreadable(Exception):
-    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
+def _ops_cpu() -> float:
+    """This thread's CPU seconds for ``_CAL_OPS`` one-event ops (the least of 4 runs)."""
+    x, one = torch.zeros(1), torch.ones(1)  # a tensor operand: add_ records one event
+    best = float("inf")
+    for _ in range(4):  # the first run warms the dispatcher up
+        t0 = time.thread_time()
+        for _ in range(_CAL_OPS):
+            x.add_(one)
+        best = min(best, time.thread_time() - t0)
+    return best
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
-
-class WindowEvents(NamedTuple):
-    """A stopped window's events, ready for the summary builder."""
-
-    raw_count: int
-    """Raw profiler events in the window (before filtering)."""
-    trace_start_ns: int
-    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
-    events: Sequence[Any]
-    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
-    cut: bool = False
-    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""
+def recording_cost(config: Config) -> float:
+    """CPU seconds the profiler adds per recorded event to the thread it records (measured
+    once per process by :func:`prime`; 0.0 before)."""
+    return _per_event.get((config.activities, config.all_threads), 0.0)
 
 
 class Window:

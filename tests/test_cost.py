@@ -71,20 +71,38 @@ def _mlp_steps(n: int) -> Any:
 
 
 def _steps_for_1ms() -> int:
+    """How many MLP forwards take about 1 ms of CPU on this machine."""
     probe = _mlp_steps(10)
     probe()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        probe()
-    per_step = (time.perf_counter() - t0) / 200
+    per_step = min(_cpu(probe, 5) for _ in range(5)) / 50
     return max(1, round(0.001 / per_step))
 
 
-def _loop_seconds(fn: Any, calls: int) -> float:
-    t0 = time.perf_counter()
+def _cpu(fn: Any, calls: int) -> float:
+    """This thread's CPU seconds for ``calls`` calls of ``fn``."""
+    t0 = time.thread_time()
     for _ in range(calls):
         fn()
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
+
+
+def _round_ratio(bare: Any, profiled: Any) -> float:
+    """Bare calls per CPU second over profiled calls per CPU second, in one interleaved round.
+
+    CPU time, not the wall clock: on a shared machine other processes' load would swamp a 2%
+    effect. The two loops alternate in short chunks (the machine's state hits both alike);
+    the profiled side is charged this thread's time in its chunks plus every other thread's
+    (the export worker, the exporters: nothing else runs threads here), flushed within the
+    round. Profiled calls are 4/5 of the round, as a service that is profiled would be.
+    """
+    process0, thread0 = time.process_time(), time.thread_time()
+    plain = timed = 0.0
+    for _ in range(20):
+        plain += _cpu(bare, 5)
+        timed += _cpu(profiled, 20)
+    assert profkit.force_flush(10.0)
+    others = (time.process_time() - process0) - (time.thread_time() - thread0)
+    return (plain / 100) / ((timed + others) / 400)
 
 
 def test_overhead_budget_keeps_throughput() -> None:
@@ -94,16 +112,13 @@ def test_overhead_budget_keeps_throughput() -> None:
     try:
         bare = _mlp_steps(_steps_for_1ms())
         profiled = profkit.profiled("model")(bare)
-        ratios = []
         with capture(sample_every=1, max_overhead=0.02, max_per_minute=None) as cap:
-            _loop_seconds(profiled, 50)  # first windows, caches
-            for _ in range(7):
-                plain = _loop_seconds(bare, 200)
-                ratios.append(plain / _loop_seconds(profiled, 200))
+            _cpu(profiled, 50)  # first windows, caches
+            ratios = sorted(_round_ratio(bare, profiled) for _ in range(9))
     finally:
         torch.set_num_threads(threads)
     s = cap.stats
-    assert sorted(ratios)[len(ratios) // 2] >= 0.93, ratios
+    assert ratios[len(ratios) // 2] >= 0.93, ratios
     assert 0 < s["overhead"] <= 0.03
     assert s["sampled"] > 0
     assert s["skipped_budget"] > 0
