@@ -42,6 +42,9 @@ class LogExporter(Exporter):
 
     def export(self, summary: WindowSummary) -> None:
         logger = self._logger if self._logger is not None else structlog.get_logger("profkit")
+        bind = getattr(logger, "bind", None)
+        if callable(bind):  # a lazy structlog proxy binds on every event: once per window here
+            logger = bind()
         for call in summary.calls:
             ids = _ids(call)
             fields = call_fields(call, with_ops=False)  # each row is a profkit.op event
