@@ -195,3 +195,24 @@ def test_stats_report_overhead_as_a_share() -> None:
     predict(X)
     assert profkit.force_flush(10.0)
     assert 0.0 < profkit.stats()["overhead"] <= 1.0
+
+
+def test_default_caps_windows_at_60_a_minute() -> None:
+    """With no rate setting, a burst of 70 sampled calls opens 60 windows; 10 are capped."""
+    config = profkit.configure(sample_every=1, queue_size=1000, exporters=())
+    assert 60.0 == config.max_per_minute
+    for _ in range(70):
+        predict(X)
+    s = profkit.stats()
+    assert (60, 10, 0) == (s["sampled"], s["skipped_rate_limit"], s["skipped_backlog"])
+
+
+def test_cap_lifted_by_none_in_code_and_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """max_per_minute=None, or PROFKIT_MAX_PER_MINUTE=none, means no cap at all."""
+    assert profkit.configure(max_per_minute=None, exporters=()).max_per_minute is None
+    monkeypatch.setenv("PROFKIT_MAX_PER_MINUTE", "none")
+    assert profkit.configure(exporters=()).max_per_minute is None
+    monkeypatch.setenv("PROFKIT_MAX_OVERHEAD", "0.01")
+    assert 0.01 == profkit.configure(exporters=()).max_overhead
