@@ -64,7 +64,7 @@ TARGETS = {
         "Full queue: calls skipped before recording (skipped_backlog), none dropped",
         "",
     ),
-    "throughput_1_in_100": ("E2E throughput at 1-in-100 / without profkit", "x"),
+    "throughput_1_in_100": ("E2E throughput at 1-in-100 (no cap) / without profkit", "x"),
     "throughput_budget_1pct": (
         "E2E throughput at 1-in-1 with max_overhead=0.01 / without profkit",
         "x",
