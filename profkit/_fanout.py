@@ -118,9 +118,11 @@ class _Runner:
             except BaseException as exc:
                 box.append(exc)
             finally:
-                self.stats.cpu.charge(time.thread_time() - cpu0)
-                self.busy.clear()
-                done.set()
+                try:
+                    self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
+                finally:
+                    self.busy.clear()
+                    done.set()
 
     def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
         """Run ``fn`` on the runner: (finished in time, result or exception)."""

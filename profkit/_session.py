@@ -130,12 +130,12 @@ class Session:
         return None
 
     def _open(self, policy: str, parent: SpanContext | None) -> CallRecord | None:
+        cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         if not SLOT.acquire():
             self.stats.skip("skipped_busy")
             return None
         win: Window | None = None
         opened = False
-        cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         try:
             if not SLOT.may_open():
                 self.stats.skip("skipped_foreign")
@@ -154,11 +154,11 @@ class Session:
             opened = True  # only now: an exception before leaves no window without its call
             return call
         finally:
-            self.stats.cpu.charge(time.thread_time() - cpu0)
             if not opened:
                 if win is not None:
                     win.ensure_stopped()  # started, then an exception landed: never leave it on
                 SLOT.vacate(win)
+            self.stats.cpu.charge(time.thread_time() - cpu0)  # last: cleaning up comes first
 
     def _join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
         warm = len(win.calls) < self.config.warmup
