@@ -1,7 +1,8 @@
 """One capture: torch.profiler started and stopped on the sampled call's thread, then read.
 
-Only this module touches the ``torch.profiler.profile`` object: start, stop, discard, read
-its events (on the export worker), write its Chrome trace, free it. It knows how to tell
+Only this module touches a window's ``torch.profiler.profile`` object (built by
+:mod:`profkit._profiler`): start, stop, discard, read its events (on the export worker),
+write its Chrome trace, free it. It knows how to tell
 whether a profiler someone else started is running (``torch.autograd.profiler.
 _is_profiler_enabled``, a process global that both profiler front-ends set), and primes the
 profiler once per process (its first start costs about a second). Which window may run
@@ -11,19 +12,19 @@ when is the slot's business (:mod:`profkit._slot`), not this module's.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import profile
 
 from ._config import Config
+from ._profiler import cpu_only, make_profiler, measure_recording, ours, ours_starting
 from ._raw import read_cpu_events
 from ._records import CallRecord, Unreadable, WindowEvents
 
@@ -42,8 +43,6 @@ __all__ = [
 _primed: set[tuple[str, bool]] = set()
 #: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
 _per_event: dict[tuple[str, bool], float] = {}
-#: one-event ops timed with and without the profiler to measure that (a few ms in all)
-_CAL_OPS = 500
 _prime_lock = threading.Lock()
 #: the process in which profkit last started a torch profiler (0: none yet)
 _started_in_pid = 0
@@ -70,10 +69,6 @@ def _note_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_note_fork_in_child)
 
 
-#: set on a thread while profkit itself starts a profiler (so its hook lets it through)
-_starting = threading.local()
-
-
 def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> None:
     """Run ``before()`` ahead of any torch profiler that is not profkit's own.
 
@@ -90,7 +85,7 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
         return
 
     def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
-        if not getattr(_starting, "on", False):
+        if not ours_starting():
             before()
         return prepare(*args, **kwargs)
 
@@ -98,7 +93,7 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
         try:
             start()
         finally:
-            if not getattr(_starting, "on", False):
+            if not ours_starting():
                 after()
 
     run_on_profiler_start._profkit_hook = True  # type: ignore[attr-defined]
@@ -106,56 +101,9 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
     _autograd_profiler._run_on_profiler_start = run_on_profiler_start
 
 
-@contextlib.contextmanager
-def _ours() -> Iterator[None]:
-    """profkit starts a profiler on this thread: its own hook must not wait for itself."""
-    _starting.on = True
-    try:
-        yield
-    finally:
-        _starting.on = False
-
-
 def foreign_profiler_active() -> bool:
     """True when a torch profiler is running in this process (ours or anyone's)."""
     return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
-
-
-def resolve_activities(spec: str) -> list[ProfilerActivity]:
-    """Map the ``activities`` setting to torch's list ("auto": CPU, plus CUDA when present)."""
-    if spec == "cpu":
-        return [ProfilerActivity.CPU]
-    if spec == "cuda":
-        return [ProfilerActivity.CUDA]
-    if spec == "cpu,cuda":
-        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    acts = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(ProfilerActivity.CUDA)
-    return acts
-
-
-@functools.lru_cache(maxsize=8)
-def _cpu_only(spec: str) -> bool:
-    """Whether the ``activities`` setting records the CPU only (no device events to expect)."""
-    return resolve_activities(spec) == [ProfilerActivity.CPU]
-
-
-def make_profiler(config: Config) -> profile:
-    """A configured, not yet started ``torch.profiler.profile``."""
-    experimental = None
-    if config.all_threads:
-        from torch._C._profiler import _ExperimentalConfig
-
-        experimental = _ExperimentalConfig(profile_all_threads=True)
-    return profile(
-        activities=resolve_activities(config.activities),
-        record_shapes=config.record_shapes,
-        profile_memory=config.profile_memory,
-        with_stack=config.with_stack,
-        with_flops=config.with_flops,
-        experimental_config=experimental,
-    )
 
 
 def prime(config: Config) -> float:
@@ -170,14 +118,15 @@ def prime(config: Config) -> float:
             return 0.0
         global _started_in_pid
         t0 = time.perf_counter()
-        prof = make_profiler(config)
         _started_in_pid = os.getpid()
-        bare = _ops_cpu()
-        with _ours():
+        # first (it pays the first start): the tiny profile below then leaves torch's
+        # profiler state as small as before, for the first sampled call
+        _per_event[key] = measure_recording(config)
+        prof = make_profiler(config)
+        with ours():
             prof.start()
         with torch.autograd.profiler.record_function("profkit.prime"):
             torch.ones(2, 2).add_(1)
-        _per_event[key] = max(0.0, _ops_cpu() - bare) / _CAL_OPS  # what recording adds
         prof.stop()
         # import and run torch's parser once; a parse failure of this throwaway profile (the
         # first with_stack profile of a process can hold a mangled, non-UTF-8 event name) is
@@ -186,18 +135,6 @@ def prime(config: Config) -> float:
             prof.events()  # type: ignore[no-untyped-call]
         _primed.add(key)
         return time.perf_counter() - t0
-
-
-def _ops_cpu() -> float:
-    """This thread's CPU seconds for ``_CAL_OPS`` one-event ops (the least of 4 runs)."""
-    x, one = torch.zeros(1), torch.ones(1)  # a tensor operand: add_ records one event
-    best = float("inf")
-    for _ in range(4):  # the first run warms the dispatcher up
-        t0 = time.thread_time()
-        for _ in range(_CAL_OPS):
-            x.add_(one)
-        best = min(best, time.thread_time() - t0)
-    return best
 
 
 def recording_cost(config: Config) -> float:
@@ -274,7 +211,7 @@ class Window:
         global _started_in_pid
         _started_in_pid = os.getpid()
         try:
-            with _ours():
+            with ours():
                 prof.start()
         except BaseException:  # a failed start, or a signal's exception mid-start
             _force_stop(prof, all_threads=self.config.all_threads)
@@ -341,7 +278,7 @@ class Window:
                 raw,
                 cfg.record_shapes,
                 with_flops=cfg.with_flops,
-                cpu_only=_cpu_only(cfg.activities),
+                cpu_only=cpu_only(cfg.activities),
                 marks={s.label for c in self.calls for s in c.scopes},
             )
         if events is None:
