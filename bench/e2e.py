@@ -1,16 +1,20 @@
 """End to end: a real uvicorn + FastAPI server with and without profkit, under 8 clients.
 
-One server process per variant (``off``, ``1-in-100``, ``1-in-10``, ``1-in-1``; see
-``bench/e2e_server.py``) is started on 127.0.0.1 on a free port. The load generator is a
-small raw-asyncio HTTP/1.1 client (keep-alive, 8 concurrent connections, a bounded number of
-requests), far lighter than an HTTP library so that it takes as little CPU as possible from
-the server on a 2-core machine. Variants are driven in interleaved rounds (shuffled order per
-round) so that a slow spell of the machine hits every variant; throughput is compared over
-all rounds and round by round with the ``off`` server. The last column derives what one
-profiler window costs the server from the throughputs:
+One server process per variant (``off``, ``1-in-100`` with no cap, profkit's defaults,
+``1-in-10``, ``1-in-1``, and ``1-in-1`` with ``max_overhead=0.01``; see
+``bench/e2e_server.py``) is started on 127.0.0.1
+on a free port. The load generator is a small raw-asyncio HTTP/1.1 client (keep-alive, 8
+concurrent connections, a bounded number of requests), far lighter than an HTTP library so
+that it takes as little CPU as possible from the server on a 2-core machine. Variants are
+driven in interleaved rounds (shuffled order per round) so that a slow spell of the machine
+hits every variant; throughput is compared over all rounds and round by round with the
+``off`` server. The last column derives what one profiler window costs the server from the
+throughputs:
 ``1/rps = 1/rps_off + windows_per_request * cost``.
 
-Target: throughput at 1-in-100 at least 98% of ``off``.
+Targets: throughput at 1-in-100 (no cap) at least 97% of ``off`` (stretch: 98%), and at
+1-in-1 with a 1% budget at least 97%. A last table sets the overhead profkit reports
+(``stats()["overhead"]``) beside the overhead the throughput shows.
 
     .venv/bin/python bench/e2e.py [--quick] [--json]
 """
@@ -35,7 +39,10 @@ from _util import emit, fmt_spread, machine, parse_args, spread
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = 8
-LIMIT_RATIO = 0.98
+LIMIT_RATIO = 0.97  # issue 14 (stretch: 0.98)
+#: the budget variant: every call sampled, profkit keeps itself to 1% of the server's CPU
+BUDGET = "1@0.01"
+LIMIT_BUDGET_RATIO = 0.97
 BODY = b'{"rows": 32}'
 REQUEST = (
     b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -166,7 +173,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    modes = ["off", "100"] if quick else ["off", "100", "10", "1"]
+    modes = ["off", "100", BUDGET] if quick else ["off", "100", "defaults", "10", "1", BUDGET]
     rounds, per_round, warm = (1, 80, 20) if quick else (10, 500, 200)
     rng = random.Random(5)
     rps: dict[str, list[float]] = {m: [] for m in modes}
@@ -193,9 +200,15 @@ def measure(quick: bool) -> dict[str, Any]:
         # server time one window costs, from throughput: 1/rps = 1/off_rps + w * cost
         per_request = st["windows"] / st["root_calls"] if st.get("root_calls") else 0.0
         extra_s = 1 / spread(rps[mode]).median - 1 / off_rps
+        pooled = (per_round * rounds / sum(per_round / x for x in rps[mode])) / (
+            per_round * rounds / sum(per_round / x for x in rps["off"])
+        )
         rows[mode] = {
-            "pooled_ratio": (per_round * rounds / sum(per_round / x for x in rps[mode]))
-            / (per_round * rounds / sum(per_round / x for x in rps["off"])),
+            "pooled_ratio": pooled,
+            # what profkit says it costs (its CPU share over the server's last ~10 s) and
+            # what the throughput says: 1 - (throughput / throughput without profkit)
+            "reported_overhead": st.get("overhead", 0.0),
+            "measured_overhead": 1.0 - pooled,
             "window_cost_ms": extra_s / per_request * 1000 if per_request else 0.0,
             "windows_per_request": per_request,
             "requests": len(lat[mode]),
@@ -209,6 +222,7 @@ def measure(quick: bool) -> dict[str, Any]:
             "gc_full": gc_full,
         }
     ratio = rows["100"]["pooled_ratio"]
+    budget_ratio = rows[BUDGET]["pooled_ratio"]
     return {
         "section": "e2e",
         "machine": machine(),
@@ -222,11 +236,23 @@ def measure(quick: bool) -> dict[str, Any]:
                 "limit": LIMIT_RATIO,
                 "ok": ratio >= LIMIT_RATIO,
             },
+            "throughput_budget_1pct": {
+                "value": budget_ratio,
+                "limit": LIMIT_BUDGET_RATIO,
+                "ok": budget_ratio >= LIMIT_BUDGET_RATIO,
+            },
         },
     }
 
 
-LABELS = {"off": "without profkit", "100": "1-in-100", "10": "1-in-10", "1": "1-in-1"}
+LABELS = {
+    "off": "without profkit",
+    "100": "1-in-100 (no cap)",
+    "defaults": "defaults: 1-in-100, at most 60 windows a minute",
+    "10": "1-in-10",
+    "1": "1-in-1",
+    BUDGET: "1-in-1, max_overhead=0.01",
+}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -235,14 +261,16 @@ def render(result: dict[str, Any]) -> str:
         f"{result['rounds']} interleaved rounds x {result['per_round']} requests per variant",
         "| variant | requests | req/s median [IQR] | throughput vs without profkit: all "
         "rounds (per round median [IQR]) | p50 ms "
-        "| p95 ms | p99 ms | max ms | windows exported / sampled / skipped_busy / dropped "
+        "| p95 ms | p99 ms | max ms | windows exported / sampled / skipped_budget / dropped "
         "| server ms per window (derived) | full GCs while measured (longest ms) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in result["rows"].items():
         s = r["stats"]
         counts = (
-            f"{s['exported']} / {s['sampled']} / {s['skipped_busy']} / {s['dropped']}" if s else "-"
+            f"{s['exported']} / {s['sampled']} / {s.get('skipped_budget', 0)} / {s['dropped']}"
+            if s
+            else "-"
         )
         lines.append(
             f"| {LABELS[mode]} | {r['requests']} | {fmt_spread(r['rps'], 0)} "
@@ -252,6 +280,18 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['window_cost_ms']:.1f} | {len(r['gc_full'])} "
             f"({max(r['gc_full'], default=0):.0f}) |"
         )
+    lines += [
+        "",
+        "overhead: what profkit reports (`stats()['overhead']`: its CPU over the server's, last "
+        "~10 s) and what the throughput says (1 - throughput / throughput without profkit)",
+        "| variant | reported | measured |",
+        "|---|---|---|",
+    ]
+    for mode, r in result["rows"].items():
+        if mode != "off":
+            lines.append(
+                f"| {LABELS[mode]} | {r['reported_overhead']:.3f} | {r['measured_overhead']:.3f} |"
+            )
     return "\n".join(lines)
 
 

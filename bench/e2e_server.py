@@ -5,7 +5,9 @@ rows and returns the predicted classes. ``BENCH_PROFKIT`` picks the variant:
 
 * ``off``: the same handler with profkit's decorator and regions replaced by no-ops (profkit is
   not even imported): the baseline;
-* ``N`` or ``N/M``: ``profkit.configure(sample_every=N, max_per_minute=M)`` with exporters
+* ``N``, ``N/M`` or ``N@B`` (also ``N/M@B``): ``profkit.configure(sample_every=N,
+  max_per_minute=M, max_overhead=B)`` (no cap and no budget unless given); ``defaults``:
+  no sampling settings at all (1-in-100, at most 60 windows a minute); all with exporters
   that do real work without printing: spans through an SDK ``TracerProvider`` and a
   ``BatchSpanProcessor`` into an in-memory sink, structlog events rendered as JSON and
   discarded.
@@ -80,12 +82,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from _util import quiet_exporter_settings
 
-        every, _, cap = MODE.partition("/")
-        profkit.configure(
-            sample_every=int(every),
-            max_per_minute=float(cap) if cap else None,
-            **quiet_exporter_settings(),
-        )
+        if MODE == "defaults":
+            profkit.configure(**quiet_exporter_settings())
+        else:
+            rest, _, budget = MODE.partition("@")
+            every, _, cap = rest.partition("/")
+            profkit.configure(
+                sample_every=int(every),
+                max_per_minute=float(cap) if cap else None,
+                max_overhead=float(budget) if budget else None,
+                **quiet_exporter_settings(),
+            )
     try:
         yield
     finally:

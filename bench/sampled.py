@@ -119,6 +119,7 @@ def _configure(top_k: int) -> tuple[Session, _SummariseTimer]:
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     profkit.configure(
         sample_every=1,
+        max_per_minute=None,
         top_k=top_k,
         exporters=("otel", "log"),
         tracer_provider=provider,

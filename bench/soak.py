@@ -78,6 +78,7 @@ def soak(calls: int, every: int, warmup: int, checkpoints: int) -> dict[str, Any
     counting = CountingExporter()
     profkit.configure(
         sample_every=every,
+        max_per_minute=None,  # every sampled call is a window: the soak counts on it
         exporters=("otel", "log"),
         tracer_provider=provider,
         logger=logger,

@@ -41,8 +41,14 @@ class Config:
     sample_rate: float | None = None
     """Profile this fraction of root calls, consistent with the active OTel trace id."""
 
-    max_per_minute: float | None = None
-    """Cap on profiler windows opened per minute (token bucket); None means no cap."""
+    max_per_minute: float | None = 60.0
+    """Cap on profiler windows opened per minute (token bucket, bursts up to the same number);
+    None means no cap. The default, one a second on average, bounds what profkit costs a
+    busy service whatever the sampling rate."""
+
+    max_overhead: float | None = None
+    """Largest share of the process's CPU time profkit may use (0.01: 1%), over the last ~10 s;
+    past it, sampled calls are skipped (``skipped_budget``). None means no budget."""
 
     window: int = 1
     """Root calls recorded per profiler window (on the thread that opened it)."""
@@ -160,6 +166,8 @@ def _parse_bool(raw: str) -> bool:
 
 def _parse_env(name: str, raw: str) -> Any:
     field_type = _FIELD_TYPES[name]
+    if field_type.endswith("| None") and raw.strip().lower() in ("", "none"):
+        return None  # e.g. PROFKIT_MAX_PER_MINUTE=none: no cap
     if field_type == "bool":
         return _parse_bool(raw)
     if field_type in ("int", "int | None"):
@@ -210,6 +218,9 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, ok, value, "must be a number in [0, 1]")
     elif name == "max_per_minute":
         _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
+    elif name == "max_overhead":
+        ok = value is None or (_is_num(value) and 0 < value <= 1)
+        _check(name, ok, value, "must be a fraction in (0, 1] or None")
     elif name in (
         "window",
         "top_k",

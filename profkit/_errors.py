@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypedDict
 
+from ._overhead import CpuMeter
+
 __all__ = ["Stats", "StatsSnapshot", "foreign", "guard", "log"]
 
 log = logging.getLogger("profkit")
@@ -29,10 +31,11 @@ class StatsSnapshot(TypedDict):
     """What :func:`profkit.stats` returns: the counters of the global session.
 
     Every root call is exactly one of ``sampled``, ``warmup_calls`` or ``unsampled``
-    (``skipped_rate_limit`` and ``skipped_unsampled_trace`` are part of ``unsampled``: those
-    calls are not profiled). Every sampled call ends as exactly one of ``exported``,
-    ``dropped`` (by reason in ``dropped_reasons``), ``skipped_busy`` or ``skipped_foreign``, or
-    is still pending: once ``force_flush()`` returned True,
+    (``skipped_unsampled_trace``, ``skipped_backlog``, ``skipped_budget`` and
+    ``skipped_rate_limit`` are part of ``unsampled``: those calls are not profiled). Every
+    sampled call ends as exactly one of ``exported``, ``dropped`` (by reason in
+    ``dropped_reasons``), ``skipped_busy`` or ``skipped_foreign``, or is still pending: once
+    ``force_flush()`` returned True,
     ``sampled == exported + dropped + skipped_busy + skipped_foreign``.
     """
 
@@ -47,6 +50,12 @@ class StatsSnapshot(TypedDict):
     skipped_rate_limit: int
     skipped_unsampled_trace: int
     """Root calls not profiled because the active trace was not sampled (part of unsampled)."""
+    skipped_backlog: int
+    """Sampled decisions not profiled because the export queue was full (part of unsampled):
+    a window recorded then could not have been exported."""
+    skipped_budget: int
+    """Sampled decisions not profiled because profkit was over ``max_overhead`` (part of
+    unsampled)."""
     warmup_calls: int
     windows: int
     """Profiler windows opened (one window records ``window`` root calls, after ``warmup``)."""
@@ -56,6 +65,8 @@ class StatsSnapshot(TypedDict):
     """Spans in OTLP batches that failed (reported by ``profkit.exporters.otlp``)."""
     dropped_reasons: dict[str, int]
     error_reasons: dict[str, int]
+    overhead: float
+    """profkit's share of the process's CPU time over the last ~10 s (see docs/performance.md)."""
 
 
 class Stats:
@@ -72,6 +83,8 @@ class Stats:
         self.error_reasons: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._asked: dict[str, int] = {}
+        #: profkit's own CPU time (window start/stop, worker, exporters): ``overhead``
+        self.cpu = CpuMeter()
 
     def grown_since_asked(self, name: str) -> int:
         """How much counter ``name`` grew since this was last asked (0 the first time too)."""
@@ -92,6 +105,12 @@ class Stats:
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
+
+    def skip(self, reason: str) -> None:
+        """A sampled call that ran unprofiled after all (``skipped_busy``, ``skipped_foreign``)."""
+        with self._lock:
+            self._counts["sampled"] += 1
+            self._counts[reason] += 1
 
     def drop(self, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -129,12 +148,15 @@ class Stats:
             skipped_foreign=counts.get("skipped_foreign", 0),
             skipped_rate_limit=counts.get("skipped_rate_limit", 0),
             skipped_unsampled_trace=_peek(self.unsampled_traces),
+            skipped_backlog=counts.get("skipped_backlog", 0),
+            skipped_budget=counts.get("skipped_budget", 0),
             warmup_calls=warmup,
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),
             dropped_reasons=dropped,
             error_reasons=errors,
+            overhead=self.cpu.share(),
         )
 
 

@@ -14,6 +14,7 @@ import functools
 import inspect
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,8 +97,9 @@ class _Runner:
     soon as the call it is running (if any) returns.
     """
 
-    def __init__(self, exporter: Exporter) -> None:
+    def __init__(self, exporter: Exporter, stats: Stats) -> None:
         self.exporter = exporter
+        self.stats = stats  # its CPU time per call is profkit's: charged to stats.cpu
         self.name = exporter.name or type(exporter).__name__
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.busy = threading.Event()
@@ -110,13 +112,17 @@ class _Runner:
             if job is None:
                 return
             fn, done, box = job
+            cpu0 = time.thread_time()
             try:
                 box.append(fn())
             except BaseException as exc:
                 box.append(exc)
             finally:
-                self.busy.clear()
-                done.set()
+                try:
+                    self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
+                finally:
+                    self.busy.clear()
+                    done.set()
 
     def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
         """Run ``fn`` on the runner: (finished in time, result or exception)."""
@@ -157,8 +163,8 @@ class Fanout:
     ) -> None:
         self.stats = stats
         self._timeout = export_timeout
-        self._spans = _Runner(spans) if spans is not None else None
-        self._runners = [_Runner(e) for e in exporters]
+        self._spans = _Runner(spans, stats) if spans is not None else None
+        self._runners = [_Runner(e, stats) for e in exporters]
 
     def _all(self) -> list[_Runner]:
         return ([self._spans] if self._spans is not None else []) + self._runners
@@ -223,5 +229,5 @@ class Fanout:
     def at_fork_reinit(self) -> None:
         """In a forked child: the runner threads did not survive the fork; new ones, lazily."""
         if self._spans is not None:
-            self._spans = _Runner(self._spans.exporter)
-        self._runners = [_Runner(r.exporter) for r in self._runners]
+            self._spans = _Runner(self._spans.exporter, self.stats)
+        self._runners = [_Runner(r.exporter, self.stats) for r in self._runners]

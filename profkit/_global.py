@@ -65,6 +65,7 @@ def configure(
     sample_every: int | _Unset | None = UNSET,
     sample_rate: float | _Unset | None = UNSET,
     max_per_minute: float | _Unset | None = UNSET,
+    max_overhead: float | _Unset | None = UNSET,
     window: int | _Unset = UNSET,
     warmup: int | _Unset = UNSET,
     activities: str | _Unset = UNSET,

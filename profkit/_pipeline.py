@@ -77,6 +77,14 @@ class ExportPipeline:
 
     # -- request path -----------------------------------------------------------------------
 
+    def full(self) -> bool:
+        """Whether a window recorded now would find the queue full (no lock: one C call).
+
+        The session asks before it opens a window: a window that would be dropped as
+        ``queue_full`` is not recorded at all (``skipped_backlog``).
+        """
+        return self._queue.qsize() >= self._queue_size
+
     def offer(self, win: Window) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
@@ -123,6 +131,7 @@ class ExportPipeline:
             self._handle(item)
 
     def _handle(self, win: Window) -> None:
+        cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
         recorded = win.recorded
         try:
             exported, reason = 0, "worker_error"
@@ -134,14 +143,18 @@ class ExportPipeline:
             if recorded > exported:
                 self.stats.drop(reason, recorded - exported)
         finally:
-            win.release()  # events and kineto results freed now, by reference counting
-            self._windows_done += 1
-            if self._windows_done % _GC_EVERY == 0:
-                # young generations only: what release() leaves in cycles is small, and a
-                # full collection holds the GIL (every request thread) for hundreds of ms
-                gc.collect(1)
-            self._settle(recorded)
-            self._after_each()
+            try:
+                win.release()  # events and kineto results freed now, by reference counting
+                self._windows_done += 1
+                if self._windows_done % _GC_EVERY == 0:
+                    # young generations only: what release() leaves in cycles is small, and a
+                    # full collection holds the GIL (every request thread) for hundreds of ms
+                    gc.collect(1)
+                self._after_each()
+            finally:
+                # charged before a flush waiting for this window can return
+                self.stats.cpu.charge(time.thread_time() - cpu0)
+                self._settle(recorded)
 
     def _settle(self, recorded: int) -> None:
         """``recorded`` handed-off calls are counted now; wake whoever flushes."""

@@ -15,7 +15,7 @@ from ._errors import Stats, guard
 from ._model import CallSummary, Diagnosis, WindowSummary
 from ._summary import build_calls
 from ._text import clean
-from ._window import Unreadable, Window
+from ._window import Unreadable, Window, recording_cost
 from .exporters.chrome import TraceFileWriter
 
 __all__ = ["Processor"]
@@ -47,6 +47,8 @@ class Processor:
         except Unreadable as exc:
             return exc.reason
         cfg = self.config
+        # the profiler's per-op recording on the window's thread: profkit's cost too
+        self.stats.cpu.charge(read.raw_count * recording_cost(cfg))
         calls = build_calls(
             win.id,
             win.calls,

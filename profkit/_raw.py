@@ -14,7 +14,8 @@ caller falls back to ``prof.events()``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import operator
+from collections.abc import Container, Sequence
 from typing import Any
 
 import torch
@@ -51,80 +52,131 @@ _FILTERED = frozenset(
 #: the name given to an event whose name torch hands out as invalid UTF-8
 UNDECODABLE = "<undecodable name>"
 
-_REWRITTEN: dict[str, str] = {}
-_REWRITE_CACHE_MAX = 4096
+#: each raw name seen: its rewritten name, or None for a name torch filters out
+_NAMES: dict[str, str | None] = {}
+_NAMES_MAX = 4096
+_UNSEEN = object()
+_BY_START = operator.attrgetter("start_ns")
+_BY_END = operator.attrgetter("end_ns")
+_BY_THREAD = operator.attrgetter("thread")
 
 
-def _rewrite(name: str) -> str:
-    """torch's name rewrite, memoised: a window repeats the same few op names thousands of times."""
-    out = _REWRITTEN.get(name)
-    if out is None:
+def _rewrite(name: str) -> str | None:
+    """torch's filter and name rewrite, memoised: a window repeats the same few names."""
+    if name in _FILTERED:
+        out = None
+    else:
         out = name if _torch_rewrite is None else str(_torch_rewrite(name=name, with_wildcard=True))
-        if len(_REWRITTEN) < _REWRITE_CACHE_MAX:
-            _REWRITTEN[name] = out
+    if len(_NAMES) < _NAMES_MAX:
+        _NAMES[name] = out
     return out
 
 
 def read_cpu_events(
-    raw: Sequence[Any], trace_start_ns: int, with_shapes: bool
+    raw: Sequence[Any],
+    with_shapes: bool,
+    *,
+    with_flops: bool = True,
+    cpu_only: bool = False,
+    marks: Container[str] | None = None,
 ) -> list[RawEvent] | None:
-    """Summary input for a CPU-only profile, or None when an event needs torch's full parser."""
+    """Summary input for a CPU-only profile, or None when an event needs torch's full parser.
+
+    Each event costs a handful of calls into torch's bindings, so only what the summary
+    reads is asked for: flops only when they were recorded (``with_flops``), the device only
+    when a device activity was on (``cpu_only`` False), whether an event is a user range
+    only for names that can be a scope's (``marks``, every name when None).
+    """
     events: list[RawEvent] = []
-    cpu = _CPU
+    names, hidden = _NAMES, _hidden_check(raw)
     for k in raw:
         try:
             name = k.name()
         except UnicodeDecodeError:  # seen on torch 2.13: a mangled name in a with_stack profile
             name = UNDECODABLE
-        if name in _FILTERED or _hidden(k):
+        out: Any = names.get(name, _UNSEEN)
+        if out is _UNSEEN:
+            out = _rewrite(name)
+        if out is None or (hidden and k.is_hidden_event()):
             continue
-        if k.device_type() != cpu:
+        if not cpu_only and k.device_type() != _CPU:
             return None
-        events.append(RawEvent(k, trace_start_ns, _rewrite(name), with_shapes))
-    events.sort(key=lambda e: (e.start_us, -e.end_us))  # torch's final order
-    _nest(events)
-    events = _remove_duplicates(events)
-    for ev in events:  # children only point down from here: no cycle for the collector
-        ev.parent = None
+        thread = k.start_thread_id()
+        events.append(
+            RawEvent(
+                out,
+                thread,
+                k.start_ns(),
+                k.end_ns(),
+                k.is_async() or thread != k.end_thread_id(),
+                (marks is None or out in marks) and bool(k.is_user_annotation()),
+                (k.flops() or 0) if with_flops else 0,
+                k.shapes() if with_shapes else None,
+            )
+        )
+    _order(events)
+    dropped = _nest(events)
+    if dropped:
+        gone = {id(ev) for ev in dropped}
+        events = [ev for ev in events if id(ev) not in gone]
     return events
 
 
-def _hidden(k: Any) -> bool:
-    hidden = getattr(k, "is_hidden_event", None)
-    return bool(hidden()) if hidden is not None else False
+def _order(events: list[RawEvent]) -> None:
+    """Sort into torch's final order, (start, -end); kineto's is usually that already."""
+    starts = [ev.start_ns for ev in events]
+    if starts == sorted(starts) and len(set(starts)) == len(starts):
+        return  # sorted by start, no two equal: the end never decides
+    events.sort(key=_BY_END, reverse=True)  # two stable sorts with C keys: (start, -end)
+    events.sort(key=_BY_START)
 
 
-def _nest(events: list[RawEvent]) -> None:
-    """Per thread, make each event a child of its innermost enclosing event (torch's rule)."""
-    sync = sorted((e for e in events if not e.is_async), key=lambda e: e.thread)
-    for _, group in itertools.groupby(sync, key=lambda e: e.thread):
-        stack: list[RawEvent] = []
-        for ev in sorted(group, key=lambda e: (e.start_us, -e.end_us)):
+def _hidden_check(raw: Sequence[Any]) -> bool:
+    """Whether these events can say they are hidden (torch builds that have the method)."""
+    return bool(raw) and hasattr(raw[0], "is_hidden_event")
+
+
+def _nest(events: list[RawEvent]) -> list[RawEvent]:
+    """Set each event's self time from its children, nesting per thread as torch does.
+
+    An event's children are the events it encloses on its thread (an async event has none
+    and is no one's child). As torch's parser does, an only child with its parent's name is
+    folded into the parent (the parent takes its children). Returns the folded events.
+    Nothing keeps a pointer up the tree: no reference cycle for the collector.
+    """
+    sync = [ev for ev in events if not ev.is_async]
+    sync.sort(key=_BY_THREAD)  # stable: each thread's events stay in (start, -end) order
+    dropped: list[RawEvent] = []
+    for _, group in itertools.groupby(sync, key=_BY_THREAD):
+        # an open event: [event, children, last child's entry, children's total ns, end]
+        stack: list[list[Any]] = []
+        for ev in group:
+            start, end = ev.start_ns, ev.end_ns
+            entry = [ev, 0, None, 0, end]
             while stack:
-                parent = stack[-1]
-                if ev.start_us >= parent.end_us or ev.end_us > parent.end_us:
-                    stack.pop()
-                else:
-                    if parent.children is None:
-                        parent.children = []
-                    parent.children.append(ev)
-                    ev.parent = parent
-                    break
-            stack.append(ev)
+                top = stack[-1]
+                if start >= top[4] or end > top[4]:
+                    done = stack.pop()
+                    if done[1]:  # a leaf's self time is its whole time: nothing to do
+                        _close(done, dropped)
+                    continue
+                top[1] += 1
+                top[2] = entry
+                top[3] += end - start
+                break
+            stack.append(entry)
+        for done in reversed(stack):
+            if done[1]:
+                _close(done, dropped)
+    return dropped
 
 
-def _remove_duplicates(events: list[RawEvent]) -> list[RawEvent]:
-    """Fold an only child that repeats its parent's name into the parent, as torch does."""
-    while True:
-        dropped: set[int] = set()
-        for ev in events:
-            parent = ev.parent
-            siblings = parent.children if parent is not None else None
-            if parent is not None and parent.name == ev.name and siblings and len(siblings) == 1:
-                parent.children = ev.children
-                for child in ev.children or ():
-                    child.parent = parent
-                dropped.add(id(ev))
-        if not dropped:
-            return events
-        events = [ev for ev in events if id(ev) not in dropped]
+def _close(entry: list[Any], dropped: list[RawEvent]) -> None:
+    """An event's children are all known: fold an only child of the same name, set self time."""
+    ev, count, last, child_ns, _ = entry
+    if count == 1 and last[0].name == ev.name:
+        dropped.append(last[0])
+        # the child's children become this event's (kept in its entry: a chain folds up)
+        count, last, child_ns = entry[1], entry[2], entry[3] = last[1], last[2], last[3]
+    if count:
+        ev.self_cpu_time_total = (ev.end_ns - ev.start_ns - child_ns) / 1000

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._model import CodeInfo
 
 if TYPE_CHECKING:
     from ._window import Window
 
-__all__ = ["COMPILED", "CallRecord", "CompiledLabels", "RawEvent", "ScopeRecord"]
+__all__ = [
+    "COMPILED",
+    "CallRecord",
+    "CompiledLabels",
+    "RawEvent",
+    "ScopeRecord",
+    "Unreadable",
+    "WindowEvents",
+]
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,61 +122,87 @@ class CompiledLabels:
 COMPILED = CompiledLabels()
 
 
-class _Range:
-    __slots__ = ("end", "start")
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start = start
-        self.end = end
-
-
 class RawEvent:
-    """The ``FunctionEvent`` fields the summary reads, for one CPU event."""
+    """One CPU profiler event as profkit's reader gives it; the summary reads it as it is.
+
+    It carries the fields of :class:`profkit._summary.EventView` (times in epoch ns on the
+    ``time.time_ns()`` clock, as kineto reports them) and the ``FunctionEvent`` fields the
+    op rows add up (µs), so the summary needs no wrapper object per event. ``self`` time is
+    set by the reader once the events are nested.
+    """
 
     __slots__ = (
-        "children",
         "cpu_time_total",
-        "end_us",
+        "end_ns",
         "flops",
-        "id",
         "input_shapes",
         "is_async",
-        "is_user_annotation",
         "name",
-        "parent",
-        "start_us",
+        "self_cpu_time_total",
+        "start_ns",
         "thread",
+        "user",
     )
 
+    # what a CPU event without memory profiling has (EventView and FunctionEvent names)
+    device = False
     device_type = "DeviceType.CPU"
+    id = -1
+    linked = 0
     linked_correlation_id = 0
     self_device_time_total = 0.0
     device_time_total = 0.0
     self_cpu_memory_usage = 0
     self_device_memory_usage = 0
 
-    def __init__(self, k: Any, trace_start_ns: int, name: str, with_shapes: bool) -> None:
-        start_us = (k.start_ns() - trace_start_ns) / 1000
-        end_us = (k.end_ns() - trace_start_ns) / 1000
+    def __init__(
+        self,
+        name: str,
+        thread: int,
+        start_ns: int,
+        end_ns: int,
+        is_async: bool,
+        user: bool,
+        flops: int = 0,
+        input_shapes: Any = None,
+    ) -> None:
         self.name = name
-        self.thread: int = k.start_thread_id()
-        self.start_us = start_us
-        self.end_us = end_us
-        self.cpu_time_total: float = end_us - start_us
-        self.parent: RawEvent | None = None
-        self.children: list[RawEvent] | None = None  # allocated for parents only
-        self.is_async = bool(k.is_async()) or k.start_thread_id() != k.end_thread_id()
-        self.is_user_annotation = bool(k.is_user_annotation())
-        self.id: int = k.correlation_id()
-        self.flops: int = k.flops() or 0
-        self.input_shapes = k.shapes() if with_shapes else None
+        self.thread = thread
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.is_async = is_async
+        self.user = user
+        self.flops = flops
+        self.input_shapes = input_shapes
+        self.cpu_time_total: float = (end_ns - start_ns) / 1000
+        self.self_cpu_time_total: float = 0.0 if is_async else self.cpu_time_total
 
     @property
-    def time_range(self) -> _Range:
-        return _Range(self.start_us, self.end_us)
+    def ev(self) -> RawEvent:
+        """The event an ``EventView`` wraps: this one is its own view."""
+        return self
 
     @property
-    def self_cpu_time_total(self) -> float:
-        if self.is_async or not self.children:
-            return 0.0 if self.is_async else self.cpu_time_total
-        return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
+    def is_user_annotation(self) -> bool:
+        return self.user
+
+
+class Unreadable(Exception):
+    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WindowEvents(NamedTuple):
+    """A stopped window's events, ready for the summary builder."""
+
+    raw_count: int
+    """Raw profiler events in the window (before filtering)."""
+    trace_start_ns: int
+    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
+    events: Sequence[Any]
+    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
+    cut: bool = False
+    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""

@@ -69,7 +69,6 @@ class Session:
         self.active = config.enabled
         self._sampler = make_sampler(config)
         self._ratio = config.sample_rate is not None
-        self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
         self._triggered = Triggered()
         self._window_ids = itertools.count(1)
         spans, exporters = build_exporters(config)
@@ -81,12 +80,12 @@ class Session:
             after_each=self._build_spare,
         )
         self.keeper = WindowKeeper(self.stats, self.pipeline, config.all_threads)
+        self._gate = Gate(config, self.stats, self.pipeline)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
         #: the next window's profiler object, built by start() and by the worker after each
         #: window: building one (~0.1 ms) is then not on the sampled request's path
         self._spare: Any = None
-        #: ``otlp_spans_failed`` when a flush last reported (a later failure makes it False)
 
     # -- request path -----------------------------------------------------------------------
 
@@ -110,14 +109,15 @@ class Session:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self._triggered.pending and self._triggered.take():
+        if self._triggered.pending and not self.pipeline.full() and self._triggered.take():
             policy = "trigger"
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
                 return None
-            if self._limiter is not None and not self._limiter.allow():
-                self.stats.add("skipped_rate_limit")
+            refused = self._gate.refused()
+            if refused is not None:
+                self.stats.add(refused)
                 return None
             policy = self._sampler.description
         return self._open(policy, parent)
@@ -145,14 +145,15 @@ class Session:
         return None
 
     def _open(self, policy: str, parent: SpanContext | None) -> CallRecord | None:
+        cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         if not SLOT.acquire():
-            self._skip("skipped_busy")
+            self.stats.skip("skipped_busy")
             return None
         win: Window | None = None
         opened = False
         try:
             if not SLOT.may_open():
-                self._skip("skipped_foreign")
+                self.stats.skip("skipped_foreign")
                 return None
             win = Window(next(self._window_ids), self.config)
             spare, self._spare = self._spare, None  # built ahead, off the request path
@@ -172,10 +173,7 @@ class Session:
                 if win is not None:
                     win.ensure_stopped()  # started, then an exception landed: never leave it on
                 SLOT.vacate(win)
-
-    def _skip(self, reason: str) -> None:
-        self.stats.add("sampled")
-        self.stats.add(reason)
+            self.stats.cpu.charge(time.thread_time() - cpu0)  # last: cleaning up comes first
 
     def _join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
         warm = len(win.calls) < self.config.warmup
@@ -262,6 +260,32 @@ class Session:
         self._triggered = Triggered()
 
 
+class Gate:
+    """What a call the sampler chose must pass before a window opens for it.
+
+    Checked in this order, so that a call turned away uses up no rate-cap token: the export
+    queue is full (a window recorded now could not be exported: ``skipped_backlog``),
+    profkit is over its CPU budget (``skipped_budget``), the rate cap
+    (``skipped_rate_limit``). Only sampled decisions get here, never the off-sample path.
+    """
+
+    def __init__(self, config: Config, stats: Stats, pipeline: ExportPipeline) -> None:
+        self._stats = stats
+        self._pipeline = pipeline
+        self._budget = config.max_overhead
+        self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
+
+    def refused(self) -> str | None:
+        """The counter of the reason this call is not profiled after all, or None."""
+        if self._pipeline.full():
+            return "skipped_backlog"
+        if self._budget is not None and self._stats.cpu.share() >= self._budget:
+            return "skipped_budget"
+        if self._limiter is not None and not self._limiter.allow():
+            return "skipped_rate_limit"
+        return None
+
+
 class WindowKeeper:
     """Closes, cuts short and discards the windows of one session (the slot's WindowOwner).
 
@@ -294,6 +318,7 @@ class WindowKeeper:
     def close_window(self, win: Window) -> None:
         """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot."""
         try:
+            cpu0 = time.thread_time()
             stopped = False
             with guard(self.stats, "profiler_stop"):
                 win.stop()
@@ -304,6 +329,7 @@ class WindowKeeper:
                 self.pipeline.offer(win)
             elif win.recorded:
                 self.stats.drop("profiler_stop_failed", win.recorded)
+            self.stats.cpu.charge(time.thread_time() - cpu0)
         except BaseException:  # a signal's exception mid-stop: the profiler must not stay on
             win.ensure_stopped()
             raise
@@ -338,8 +364,3 @@ class WindowKeeper:
                 self.stats.drop(reason, recorded)
         finally:
             SLOT.vacate(win)
-
-
-def _parent_trace_id() -> int | None:
-    ctx = trace.get_current_span().get_span_context()
-    return ctx.trace_id if ctx.is_valid else None

@@ -16,18 +16,17 @@ Attribution of ops to a call (the rule ``CallSummary.attribution`` reports):
   another thread, every thread's ops in the root range are taken (another request's may be
   among them); or the root's profiler range was not found.
 
-Device events join through the correlation id of the CPU op that launched them. The per-op
-rows aggregate the same fields as ``key_averages()``, so counts and self times match torch's
-own table. An event whose fields cannot be read is skipped rather than failing the window.
-"""
+Device events join through the CPU op that launched them; rows aggregate as ``key_averages``
+does; an unreadable event is skipped rather than failing the window."""
 
 from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ._compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
 from ._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
@@ -36,6 +35,7 @@ from ._text import clean
 
 __all__ = ["EventView", "build_calls", "rows_for", "top_rows"]
 
+_BY_START = operator.attrgetter("start_ns")
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
 #: tolerance when placing an op in a task's running interval: the profiler's clock and
@@ -52,7 +52,7 @@ class EventView:
         self.ev = ev
         self.name: str = ev.name
         self.thread: int = ev.thread
-        span = (ev.start_us, ev.end_us) if type(ev) is RawEvent else _range(ev)
+        span = _range(ev)
         self.start_ns = trace_start_ns + round(span[0] * 1000)
         self.end_ns = trace_start_ns + round(span[1] * 1000)
         self.device = str(getattr(ev, "device_type", "DeviceType.CPU")) != "DeviceType.CPU"
@@ -75,16 +75,19 @@ def rows_for(events: Iterable[EventView], by_shapes: bool, limit: int) -> list[O
     acc: dict[tuple[str, bool, str | None], list[Any]] = defaultdict(
         lambda: [0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]
     )
+    view: Any
     for view in events:
+        if type(view) is RawEvent:  # profkit's own reader: plain CPU fields, no device or memory
+            a = acc[(view.name, False, _shapes(view) if by_shapes else None)]
+            a[0] += 1
+            a[1] += view.self_cpu_time_total
+            a[2] += view.cpu_time_total
+            a[7] += view.flops
+            continue
         ev = view.ev
         shapes = _shapes(ev) if by_shapes else None
         a = acc[(view.name, view.device, shapes)]
         a[0] += 1
-        if type(ev) is RawEvent:  # profkit's own reader: plain CPU fields, no device or memory
-            a[1] += ev.self_cpu_time_total
-            a[2] += ev.cpu_time_total
-            a[7] += ev.flops
-            continue
         a[1] += _num(ev, "self_cpu_time_total")
         a[2] += _num(ev, "cpu_time_total")
         a[3] += _num(ev, "self_device_time_total")
@@ -168,7 +171,7 @@ class _Index:
         self.compiles: set[int] = set()
         if compiles:
             self.ops, self.compiles = fold_compiles(self.ops, compiles)
-        self.ops.sort(key=lambda v: v.start_ns)
+        self.ops.sort(key=_BY_START)
         self.starts = [v.start_ns for v in self.ops]
 
     def match_scope(self, record: ScopeRecord) -> EventView | None:
@@ -232,12 +235,19 @@ def _with_device(index: _Index, found: list[EventView]) -> list[EventView]:
     aten/frontend op, not a runtime call such as ``cudaLaunchKernel``) owns device events:
     runtime calls carry ids from another counter, which may collide with an op's id.
     """
+    if not index.device_by_link:  # a CPU-only window: nothing to look up per op
+        return found
     device = [d for v in found if v.linked == 0 for d in index.device_by_link.get(v.id, ())]
     return found + device
 
 
 def _views(events: Sequence[Any], trace_start_ns: int) -> list[EventView]:
-    """Views of the events whose fields can be read; a malformed event is skipped."""
+    """Views of the events whose fields can be read; a malformed event is skipped.
+
+    The events of profkit's own reader are their own views (no object per event).
+    """
+    if set(map(type, events)) == {RawEvent}:
+        return cast("list[EventView]", list(events))
     views = []
     for e in events:
         try:
@@ -309,7 +319,7 @@ def _build_call(
                 end_ns=span[1],
                 attributes=_bounded_attrs(rec.attributes, limit, max_attributes),
                 ops=top_rows(rows, top_k),
-                op_count=len(cpu),
+                op_count=len(cpu),  # the compile row is not an op
                 self_cpu_us=sum(r.self_cpu_us for r in rows if not r.is_kernel),
                 # device events only: a CPU op's device time mirrors the kernels it launched
                 self_device_us=sum(r.self_device_us for r in rows if r.is_kernel),
@@ -357,11 +367,14 @@ def _attribute(
             own.append(_events_in(index, span, mark.thread if mark else home, intervals, home))
         else:
             own.append(_events_in(index, span, None, intervals, home))
-    # scopes are numbered in entry order, so a child always comes after its parent
-    inclusive: list[dict[int, EventView]] = [{id(v): v for v in evs} for evs in own]
-    for i in range(len(own) - 1, 0, -1):
-        inclusive[call.scopes[i].parent].update(inclusive[i])
-    per_scope = [_with_device(index, list(found.values())) for found in inclusive]
+    if len(own) == 1:  # the root alone: nothing to merge
+        per_scope = [_with_device(index, own[0])]
+    else:
+        # scopes are numbered in entry order, so a child always comes after its parent
+        inclusive: list[dict[int, EventView]] = [{id(v): v for v in evs} for evs in own]
+        for i in range(len(own) - 1, 0, -1):
+            inclusive[call.scopes[i].parent].update(inclusive[i])
+        per_scope = [_with_device(index, list(found.values())) for found in inclusive]
     if not exact:
         return "window", per_scope
     return ("task" if intervals is not None else "thread"), per_scope

@@ -1,7 +1,8 @@
 """One capture: torch.profiler started and stopped on the sampled call's thread, then read.
 
-Only this module touches the ``torch.profiler.profile`` object: start, stop, discard, read
-its events (on the export worker), write its Chrome trace, free it. It knows how to tell
+Only this module touches a window's ``torch.profiler.profile`` object (built by
+:mod:`profkit._profiler`): start, stop, discard, read its events (on the export worker),
+write its Chrome trace, free it. It knows how to tell
 whether a profiler someone else started is running (``torch.autograd.profiler.
 _is_profiler_enabled``, a process global that both profiler front-ends set), and primes the
 profiler once per process (its first start costs about a second). Which window may run
@@ -15,16 +16,17 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import profile
 
 from ._config import Config
+from ._profiler import cpu_only, make_profiler, measure_recording, ours, ours_starting
 from ._raw import read_cpu_events
-from ._records import CallRecord
+from ._records import CallRecord, Unreadable, WindowEvents
 
 __all__ = [
     "Unreadable",
@@ -34,10 +36,13 @@ __all__ = [
     "make_profiler",
     "on_foreign_start",
     "prime",
+    "recording_cost",
     "started_before_fork",
 ]
 
 _primed: set[tuple[str, bool]] = set()
+#: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
+_per_event: dict[tuple[str, bool], float] = {}
 _prime_lock = threading.Lock()
 #: the process in which profkit last started a torch profiler (0: none yet)
 _started_in_pid = 0
@@ -64,10 +69,6 @@ def _note_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_note_fork_in_child)
 
 
-#: set on a thread while profkit itself starts a profiler (so its hook lets it through)
-_starting = threading.local()
-
-
 def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> None:
     """Run ``before()`` ahead of any torch profiler that is not profkit's own.
 
@@ -84,7 +85,7 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
         return
 
     def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
-        if not getattr(_starting, "on", False):
+        if not ours_starting():
             before()
         return prepare(*args, **kwargs)
 
@@ -92,7 +93,7 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
         try:
             start()
         finally:
-            if not getattr(_starting, "on", False):
+            if not ours_starting():
                 after()
 
     run_on_profiler_start._profkit_hook = True  # type: ignore[attr-defined]
@@ -100,56 +101,16 @@ def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> N
     _autograd_profiler._run_on_profiler_start = run_on_profiler_start
 
 
-@contextlib.contextmanager
-def _ours() -> Iterator[None]:
-    """profkit starts a profiler on this thread: its own hook must not wait for itself."""
-    _starting.on = True
-    try:
-        yield
-    finally:
-        _starting.on = False
-
-
 def foreign_profiler_active() -> bool:
     """True when a torch profiler is running in this process (ours or anyone's)."""
     return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
 
 
-def resolve_activities(spec: str) -> list[ProfilerActivity]:
-    """Map the ``activities`` setting to torch's list ("auto": CPU, plus CUDA when present)."""
-    if spec == "cpu":
-        return [ProfilerActivity.CPU]
-    if spec == "cuda":
-        return [ProfilerActivity.CUDA]
-    if spec == "cpu,cuda":
-        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    acts = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(ProfilerActivity.CUDA)
-    return acts
-
-
-def make_profiler(config: Config) -> profile:
-    """A configured, not yet started ``torch.profiler.profile``."""
-    experimental = None
-    if config.all_threads:
-        from torch._C._profiler import _ExperimentalConfig
-
-        experimental = _ExperimentalConfig(profile_all_threads=True)
-    return profile(
-        activities=resolve_activities(config.activities),
-        record_shapes=config.record_shapes,
-        profile_memory=config.profile_memory,
-        with_stack=config.with_stack,
-        with_flops=config.with_flops,
-        experimental_config=experimental,
-    )
-
-
 def prime(config: Config) -> float:
     """Start and stop a profiler once per process and setting, so no request pays ~1 s.
 
-    Returns the seconds it took (0.0 when this process was already primed).
+    While it runs, it also measures what the profiler adds per recorded op on this thread
+    (:func:`recording_cost`). Returns the seconds it took (0.0 when already primed).
     """
     key = (config.activities, config.all_threads)
     with _prime_lock:
@@ -157,9 +118,12 @@ def prime(config: Config) -> float:
             return 0.0
         global _started_in_pid
         t0 = time.perf_counter()
-        prof = make_profiler(config)
         _started_in_pid = os.getpid()
-        with _ours():
+        # first (it pays the first start): the tiny profile below then leaves torch's
+        # profiler state as small as before, for the first sampled call
+        _per_event[key] = measure_recording(config)
+        prof = make_profiler(config)
+        with ours():
             prof.start()
         with torch.autograd.profiler.record_function("profkit.prime"):
             torch.ones(2, 2).add_(1)
@@ -173,25 +137,10 @@ def prime(config: Config) -> float:
         return time.perf_counter() - t0
 
 
-class Unreadable(Exception):
-    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class WindowEvents(NamedTuple):
-    """A stopped window's events, ready for the summary builder."""
-
-    raw_count: int
-    """Raw profiler events in the window (before filtering)."""
-    trace_start_ns: int
-    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
-    events: Sequence[Any]
-    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
-    cut: bool = False
-    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""
+def recording_cost(config: Config) -> float:
+    """CPU seconds the profiler adds per recorded event to the thread it records (measured
+    once per process by :func:`prime`; 0.0 before)."""
+    return _per_event.get((config.activities, config.all_threads), 0.0)
 
 
 class Window:
@@ -262,7 +211,7 @@ class Window:
         global _started_in_pid
         _started_in_pid = os.getpid()
         try:
-            with _ours():
+            with ours():
                 prof.start()
         except BaseException:  # a failed start, or a signal's exception mid-start
             _force_stop(prof, all_threads=self.config.all_threads)
@@ -325,7 +274,13 @@ class Window:
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
-            events = read_cpu_events(raw, trace_start, cfg.record_shapes)
+            events = read_cpu_events(
+                raw,
+                cfg.record_shapes,
+                with_flops=cfg.with_flops,
+                cpu_only=cpu_only(cfg.activities),
+                marks={s.label for c in self.calls for s in c.scopes},
+            )
         if events is None:
             if cut:
                 raise Unreadable("too_many_events")

@@ -79,7 +79,9 @@ def capture(**settings: Any) -> Iterator[Capture]:
 
     Spans go to a private TracerProvider with an ``InMemorySpanExporter`` unless
     ``tracer_provider`` is given; ``exporters`` defaults to ``("otel",)`` plus the capture.
-    ``Capture.stats`` holds the session's final counters once the block has ended.
+    ``max_per_minute`` defaults to None (no rate cap), so that a test profiles exactly the
+    calls the sampler picks, however fast it runs. ``Capture.stats`` holds the session's
+    final counters once the block has ended.
     """
     spans = InMemorySpanExporter()
     provider = settings.pop("tracer_provider", None)
@@ -88,6 +90,7 @@ def capture(**settings: Any) -> Iterator[Capture]:
         provider.add_span_processor(SimpleSpanProcessor(spans))
     exporter = CaptureExporter()
     settings.setdefault("exporters", ("otel",))
+    settings.setdefault("max_per_minute", None)
     extra = tuple(settings.pop("extra_exporters", ()))
     config = build_config(
         {"tracer_provider": provider, "extra_exporters": (*extra, exporter), **settings}

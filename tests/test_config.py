@@ -26,6 +26,8 @@ from profkit.testing import CaptureExporter
         ({"activities": "tpu"}, "activities"),
         ({"exporters": ("nope",)}, "exporters"),
         ({"max_per_minute": 0}, "max_per_minute"),
+        ({"max_overhead": 0}, "max_overhead"),
+        ({"max_overhead": 1.5}, "max_overhead"),
         ({"enabled": "yes"}, "enabled"),
         ({"export_timeout": 0}, "export_timeout"),
         ({"export_timeout": 1e10}, "export_timeout"),

@@ -212,7 +212,7 @@ def test_summary_builder_meets_odd_events(monkeypatch: pytest.MonkeyPatch) -> No
         return real + _weird_events(real)
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)  # torch's parser
     with capture(sample_every=1, top_k=50) as cap:
         assert EXPECTED == predict(X)
     (call,) = cap.calls
@@ -232,7 +232,7 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("cannot parse")
 
     monkeypatch.setattr(torch.profiler.profile, "events", events)
-    monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)  # torch's parser
+    monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)  # torch's parser
     with capture(sample_every=1) as cap:
         assert EXPECTED == predict(X)
     assert [] == cap.calls
@@ -245,7 +245,7 @@ def test_summary_builder_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None
 def test_fast_event_reader_fails_outright(monkeypatch: pytest.MonkeyPatch) -> None:
     """If profkit's own raw-event reader fails, the window is dropped and counted."""
 
-    def read(*args: Any) -> Any:
+    def read(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("odd kineto event")
 
     monkeypatch.setattr(_window, "read_cpu_events", read)
@@ -273,8 +273,9 @@ def test_fast_event_reader_meets_an_undecodable_name(monkeypatch: pytest.MonkeyP
     """An event name that is not UTF-8 becomes a placeholder row; the call is still exported."""
     real_read = _window.read_cpu_events
 
-    def read(raw: Any, *args: Any) -> Any:
-        return real_read([_MangledName(k) if k.name() == "aten::mm" else k for k in raw], *args)
+    def read(raw: Any, *args: Any, **kwargs: Any) -> Any:
+        mangled = [_MangledName(k) if k.name() == "aten::mm" else k for k in raw]
+        return real_read(mangled, *args, **kwargs)
 
     monkeypatch.setattr(_window, "read_cpu_events", read)
     with capture(sample_every=1, top_k=50) as cap:
@@ -305,13 +306,38 @@ def test_warm_up_survives_a_parse_failure(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.usefixtures("swallow_internal_errors")
-def test_queue_full_drops_and_counts() -> None:
-    """A full queue (worker stuck on a slow exporter) drops windows, counted as queue_full."""
+def test_full_queue_skips_calls_before_recording() -> None:
+    """A full queue (worker stuck on a slow exporter): later calls are not profiled at all."""
     slow = BlockingExporter()
     try:
         with capture(
             sample_every=1, queue_size=1, export_timeout=30.0, extra_exporters=(slow,)
         ) as cap:
+            assert [EXPECTED] * 5 == [predict(X) for _ in range(5)]
+            skipped = profkit.stats()["skipped_backlog"]
+            slow.release.set()
+            assert profkit.force_flush(20.0)
+    finally:
+        slow.release.set()
+    assert skipped >= 3  # one window in the worker, one in the queue, the rest skipped
+    assert (skipped, 0) == (cap.stats["skipped_backlog"], cap.stats["dropped"])
+    assert 5 - skipped == cap.stats["sampled"] == cap.stats["exported"] == len(cap.calls)
+    assert _reconciled(cap.stats)
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_recorded_window_that_finds_the_queue_full_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window recorded before the queue filled (the check raced) is dropped as queue_full."""
+    slow = BlockingExporter()
+    try:
+        with capture(
+            sample_every=1, queue_size=1, export_timeout=30.0, extra_exporters=(slow,)
+        ) as cap:
+            session = get_session()
+            assert session is not None
+            monkeypatch.setattr(session.pipeline, "full", lambda: False)
             assert [EXPECTED] * 5 == [predict(X) for _ in range(5)]
             dropped = profkit.stats()["dropped_reasons"].get("queue_full", 0)
             slow.release.set()
@@ -319,7 +345,7 @@ def test_queue_full_drops_and_counts() -> None:
     finally:
         slow.release.set()
     assert dropped >= 3  # one window in the worker, one in the queue, the rest dropped
-    assert dropped == cap.stats["dropped_reasons"]["queue_full"]
+    assert dropped == cap.stats["dropped_reasons"]["queue_full"] == cap.stats["dropped"]
     assert 5 == cap.stats["exported"] + cap.stats["dropped"]
     assert 5 - dropped == len(cap.calls)
     assert _reconciled(cap.stats)

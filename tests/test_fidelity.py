@@ -79,7 +79,7 @@ def test_every_row_matches_key_averages(
     torch's own ``prof.events()`` (used for memory and device profiles).
     """
     if reader == "torch":
-        monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)
+        monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)
     call = _run(mlp, batch, top_k=10_000, record_shapes=by_shapes)
     (prof,) = profiles
     labels = {s.label for s in call.scopes}
@@ -153,3 +153,91 @@ def test_region_rows_match_key_averages_of_their_range(
         assert _close(expected[row.name][1], row.self_cpu_us)
     assert "aten::addmm" in expected
     assert "aten::softmax" not in expected
+
+
+def test_raw_reader_folds_same_name_chains_like_torch() -> None:
+    """Nested same-name ranges (a chain of three) and siblings: self times equal torch's."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    from profkit._raw import read_cpu_events
+
+    x = torch.ones(4, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("dup"), record_function("dup"), record_function("dup"):
+            x.mm(x)
+            with record_function("inner"):
+                x.add(1)
+        with record_function("dup"):  # a sibling chain of one: nothing to fold
+            x.relu()
+            x.abs()
+    raw = prof.profiler.kineto_results.events()
+    events = read_cpu_events(raw, False)
+    assert events is not None
+    ours: dict[str, list[float]] = {}
+    for ev in events:
+        acc = ours.setdefault(ev.name, [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += ev.self_cpu_time_total
+        acc[2] += ev.cpu_time_total
+    expected = {row.key: row for row in prof.key_averages()}
+    assert sorted(expected) == sorted(ours)
+    for name, (count, self_us, total_us) in ours.items():
+        assert expected[name].count == count, name
+        assert _close(expected[name].self_cpu_time_total, self_us), name
+        assert _close(expected[name].cpu_time_total, total_us), name
+    assert 2 == ours["dup"][0]  # the chain of three folded into its outermost range
+
+
+def test_raw_events_offer_every_field_of_the_summary_view() -> None:
+    """The summary reads profkit's raw events as their own views: they have each view field."""
+    from profkit._records import RawEvent
+    from profkit._summary import EventView
+
+    event = RawEvent("aten::mm", 1, 1_000, 3_000, False, False)
+    missing = [field for field in EventView.__slots__ if not hasattr(event, field)]
+    assert [] == missing
+    assert (event, 2.0, 2.0) == (event.ev, event.cpu_time_total, event.self_cpu_time_total)
+
+
+class _Kineto:
+    """A raw kineto event with the methods profkit's reader calls."""
+
+    def __init__(self, name: str, start: int, end: int, *, thread: int = 1) -> None:
+        self._name, self._start, self._end, self._thread = name, start, end, thread
+
+    def name(self) -> str:
+        return self._name
+
+    def start_ns(self) -> int:
+        return self._start
+
+    def end_ns(self) -> int:
+        return self._end
+
+    def start_thread_id(self) -> int:
+        return self._thread
+
+    def end_thread_id(self) -> int:
+        return self._thread
+
+    def is_async(self) -> bool:
+        return False
+
+    def is_user_annotation(self) -> bool:
+        return False
+
+
+def test_raw_reader_orders_equal_starts_outer_first() -> None:
+    """Events that start on the same ns are nested outer first, whatever kineto's order."""
+    from profkit._raw import read_cpu_events
+
+    raw = [
+        _Kineto("aten::inner", 100, 200),
+        _Kineto("aten::outer", 100, 500),
+        _Kineto("aten::other", 50, 80, thread=2),
+    ]
+    events = read_cpu_events(raw, False, with_flops=False, cpu_only=True)
+    assert events is not None
+    assert ["aten::other", "aten::outer", "aten::inner"] == [e.name for e in events]
+    assert [0.03, 0.3, 0.1] == [e.self_cpu_time_total for e in events]

@@ -160,7 +160,9 @@ def test_signal_timeouts_always_reach_the_caller_and_sampling_goes_on() -> None:
                 return float(out.sum())
 
         cap = CaptureExporter()
-        profkit.configure(sample_every=1, exporters=(), extra_exporters=(cap,))
+        # every call profiled (no rate cap; a queue the worker never finds full: no backlog)
+        profkit.configure(sample_every=1, max_per_minute=None, queue_size=2000,
+                          exporters=(), extra_exporters=(cap,))
         rng = random.Random(7)
         caught = 0
         for _ in range(1500):

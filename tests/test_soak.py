@@ -67,7 +67,7 @@ def test_finished_windows_do_not_keep_their_events_alive(
 ) -> None:
     """Events of exported windows are freed (profkit's raw reader and torch's parser alike)."""
     if reader == "torch":
-        monkeypatch.setattr(_window, "read_cpu_events", lambda *a: None)
+        monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)
     windows = 75
     x = torch.randn(32, 64)
 

@@ -59,7 +59,10 @@ def test_streaming_example_under_concurrent_clients(tmp_path: Path) -> None:
         )
         try:
             wait_until_up(base, server, log, timeout=120.0)
-            streams = asyncio.run(_clients(base))
+            try:
+                streams = asyncio.run(_clients(base))
+            except httpx.HTTPError as exc:
+                pytest.fail(f"{exc!r}\n{log.read_text(errors='replace')[-6000:]}")
             stats = httpx.get(f"{base}/profkit/stats", timeout=10.0).json()
         finally:
             server.send_signal(signal.SIGINT)

@@ -86,16 +86,19 @@ def generate(prompt: list[int], tokens: int) -> Iterator[str]:
 
 @profkit.profiled("agenerate")
 async def agenerate(prompt: list[int], tokens: int) -> AsyncIterator[str]:
-    """The same decoding as an async generator on the event loop."""
-    with torch.inference_mode():
-        with profkit.region("prefill", prompt_tokens=len(prompt)):
-            logits, state = _prefill(prompt)
-        for _ in range(tokens):
-            with profkit.region("decode_step"):
-                token = logits.argmax(dim=1)
-                logits, state = MODEL(token, state)
-            yield f"{int(token)} "
-            await asyncio.sleep(0)  # let the loop serve others between tokens
+    """The same decoding as an async generator on the event loop.
+
+    Grad mode is per thread, and the loop's other tasks run on this thread between tokens:
+    ``inference_mode`` is entered per step here too, never held across a ``yield``.
+    """
+    with profkit.region("prefill", prompt_tokens=len(prompt)), torch.inference_mode():
+        logits, state = _prefill(prompt)
+    for _ in range(tokens):
+        with profkit.region("decode_step"), torch.inference_mode():
+            token = logits.argmax(dim=1)
+            logits, state = MODEL(token, state)
+        yield f"{int(token)} "
+        await asyncio.sleep(0)  # let the loop serve others between tokens
 
 
 def _one_line(span: ReadableSpan) -> str:

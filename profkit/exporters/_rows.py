@@ -54,8 +54,11 @@ def call_extras(call: CallSummary) -> dict[str, Any]:
     return out
 
 
-def call_fields(call: CallSummary) -> dict[str, Any]:
-    """The fields of the ``profkit.profile`` event (without trace ids)."""
+def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
+    """The fields of the ``profkit.profile`` event (without trace ids).
+
+    ``with_ops`` False leaves out ``top_ops`` (the log exporter writes each row as an event).
+    """
     root = call.root
     out: dict[str, Any] = {
         "label": call.label,
@@ -71,8 +74,9 @@ def call_fields(call: CallSummary) -> dict[str, Any]:
             {"region": s.label, "duration_us": round(s.duration_us, 3), "parent": s.parent}
             for s in call.scopes[1:]
         ],
-        "top_ops": [op_dict(r) for r in root.ops],
     }
+    if with_ops:
+        out["top_ops"] = [op_dict(r) for r in root.ops]
     if call.error is not None:
         out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
     out.update(call_extras(call))

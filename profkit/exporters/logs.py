@@ -18,7 +18,7 @@ import structlog
 
 from .._model import CallSummary, WindowSummary
 from . import Exporter
-from ._rows import call_fields, iso_time, op_dict
+from ._rows import call_fields, op_dict
 
 __all__ = ["LogExporter"]
 
@@ -42,14 +42,16 @@ class LogExporter(Exporter):
 
     def export(self, summary: WindowSummary) -> None:
         logger = self._logger if self._logger is not None else structlog.get_logger("profkit")
+        bind = getattr(logger, "bind", None)
+        if callable(bind):  # a lazy structlog proxy binds on every event: once per window here
+            logger = bind()
         for call in summary.calls:
             ids = _ids(call)
-            fields = call_fields(call)
-            del fields["top_ops"]  # each row is a profkit.op event of its own: not twice
+            fields = call_fields(call, with_ops=False)  # each row is a profkit.op event
             if call.error is not None:
                 logger.warning("profkit.profile", **ids, **fields)
             else:
                 logger.info("profkit.profile", **ids, **fields)
-            when = {"label": call.label, "start_time": iso_time(call.root.start_ns)}
+            head = {**ids, "label": call.label, "start_time": fields["start_time"]}
             for rank, row in enumerate(call.root.ops, 1):
-                logger.info("profkit.op", **ids, **when, rank=rank, **op_dict(row))
+                logger.info("profkit.op", **head, rank=rank, **op_dict(row))

@@ -148,10 +148,18 @@ class SpanExporter(Exporter):
 
     def __init__(self, tracer_provider: Any = None) -> None:
         self._provider = tracer_provider
+        #: (provider, its tracer): a provider's ``get_tracer`` builds a new object each time
+        self._cached: tuple[Any, trace.Tracer] | None = None
 
     def _tracer(self) -> trace.Tracer:
-        # resolved per export: the host may install its provider after profkit.configure()
-        return trace.get_tracer(TRACER_NAME, __version__, tracer_provider=self._provider)
+        # the provider is resolved per export (the host may install its own after
+        # profkit.configure()); its tracer is made once per provider
+        provider = self._provider or trace.get_tracer_provider()
+        cached = self._cached
+        if cached is None or cached[0] is not provider:
+            tracer = trace.get_tracer(TRACER_NAME, __version__, tracer_provider=provider)
+            cached = self._cached = (provider, tracer)
+        return cached[1]
 
     def emit(self, summary: WindowSummary) -> WindowSummary:
         """Emit the spans; returns the summary with each call's trace and span ids filled in."""

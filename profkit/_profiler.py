@@ -1,0 +1,114 @@
+"""Building torch profilers the way profkit starts them, and what recording costs.
+
+Kept apart from :mod:`profkit._window` (which drives a profiler through one capture): the
+settings-to-``torch.profiler.profile`` mapping, the thread-local flag by which profkit's own
+starts pass its foreign-profiler hook, and the once-per-process measurement of what the
+profiler adds per recorded op (the overhead budget charges it per event).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ._config import Config
+
+__all__ = [
+    "cpu_only",
+    "make_profiler",
+    "measure_recording",
+    "ours",
+    "ours_starting",
+    "resolve_activities",
+]
+
+#: one-event ops timed with and without the profiler to measure recording (a few ms in all)
+_CAL_OPS = 500
+
+#: set on a thread while profkit itself starts a profiler (so its hook lets it through)
+_starting = threading.local()
+
+
+def ours_starting() -> bool:
+    """Whether profkit itself is starting a profiler on this thread."""
+    return bool(getattr(_starting, "on", False))
+
+
+@contextlib.contextmanager
+def ours() -> Iterator[None]:
+    """profkit starts a profiler on this thread: its own hook must not wait for itself."""
+    _starting.on = True
+    try:
+        yield
+    finally:
+        _starting.on = False
+
+
+def resolve_activities(spec: str) -> list[ProfilerActivity]:
+    """Map the ``activities`` setting to torch's list ("auto": CPU, plus CUDA when present)."""
+    if spec == "cpu":
+        return [ProfilerActivity.CPU]
+    if spec == "cuda":
+        return [ProfilerActivity.CUDA]
+    if spec == "cpu,cuda":
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+@functools.lru_cache(maxsize=8)
+def cpu_only(spec: str) -> bool:
+    """Whether the ``activities`` setting records the CPU only (no device events to expect)."""
+    return resolve_activities(spec) == [ProfilerActivity.CPU]
+
+
+def make_profiler(config: Config) -> profile:
+    """A configured, not yet started ``torch.profiler.profile``."""
+    experimental = None
+    if config.all_threads:
+        from torch._C._profiler import _ExperimentalConfig
+
+        experimental = _ExperimentalConfig(profile_all_threads=True)
+    return profile(
+        activities=resolve_activities(config.activities),
+        record_shapes=config.record_shapes,
+        profile_memory=config.profile_memory,
+        with_stack=config.with_stack,
+        with_flops=config.with_flops,
+        experimental_config=experimental,
+    )
+
+
+def measure_recording(config: Config) -> float:
+    """CPU seconds the profiler adds per recorded op on this thread (a profile never parsed:
+    parsed events sit in reference cycles that the first sampled call's GC would pay for)."""
+    bare = _ops_cpu()
+    prof = make_profiler(config)
+    with ours():
+        prof.start()
+    try:
+        recorded = _ops_cpu()
+    finally:
+        prof.stop()
+        prof.profiler = None  # its kineto results freed now, by reference counting
+    return max(0.0, recorded - bare) / _CAL_OPS
+
+
+def _ops_cpu() -> float:
+    """This thread's CPU seconds for ``_CAL_OPS`` one-event ops (the least of 4 runs)."""
+    x, one = torch.zeros(1), torch.ones(1)  # a tensor operand: add_ records one event
+    best = float("inf")
+    for _ in range(4):  # the first run warms the dispatcher up
+        t0 = time.thread_time()
+        for _ in range(_CAL_OPS):
+            x.add_(one)
+        best = min(best, time.thread_time() - t0)
+    return best

@@ -1,0 +1,218 @@
+"""Cost control: no window recorded in vain, an overhead budget kept, defaults safe to leave on."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import profkit
+from profkit._global import get_session
+from profkit._overhead import CpuMeter
+from profkit.testing import capture
+
+pytestmark = pytest.mark.timeout(120)
+
+X = torch.full((8, 8), 0.01)
+
+
+@profkit.profiled("predict")
+def predict(x: torch.Tensor) -> float:
+    """A small matmul."""
+    return float(torch.mm(x, x).sum())
+
+
+class SlowExporter:
+    """An exporter that takes 20 ms per window (a slow network call)."""
+
+    name = "slow"
+
+    def export(self, summary: profkit.WindowSummary) -> None:
+        time.sleep(0.02)
+
+
+def _reconciled(stats: Any) -> bool:
+    roots = stats["sampled"] + stats["warmup_calls"] + stats["unsampled"]
+    ended = stats["exported"] + stats["dropped"] + stats["skipped_busy"]
+    return bool(
+        stats["root_calls"] == roots and stats["sampled"] == ended + stats["skipped_foreign"]
+    )
+
+
+def test_backlog_skips_calls_instead_of_dropping_windows() -> None:
+    """sample_every=1, a 20 ms exporter, 300 calls: nothing is dropped, the backlog is skipped."""
+    with capture(sample_every=1, max_per_minute=None, extra_exporters=(SlowExporter(),)) as cap:
+        for _ in range(300):
+            predict(X)
+    s = cap.stats
+    assert 0 == s["dropped"], s["dropped_reasons"]
+    assert s["skipped_backlog"] > 0
+    assert s["exported"] == s["sampled"]
+    assert 300 == s["sampled"] + s["skipped_backlog"]
+    assert _reconciled(s)
+
+
+def _mlp_steps(n: int) -> Any:
+    """A model call of ``n`` MLP forwards (about 1 ms for the n that calibration picks)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+    ).eval()
+    x = torch.randn(32, 64)
+
+    def call() -> None:
+        with torch.inference_mode():
+            for _ in range(n):
+                model(x)
+
+    return call
+
+
+def _steps_for_1ms() -> int:
+    """How many MLP forwards take about 1 ms of CPU on this machine."""
+    probe = _mlp_steps(10)
+    probe()
+    per_step = min(_cpu(probe, 5) for _ in range(5)) / 50
+    return max(1, round(0.001 / per_step))
+
+
+def _cpu(fn: Any, calls: int) -> float:
+    """This thread's CPU seconds for ``calls`` calls of ``fn``."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return time.thread_time() - t0
+
+
+def _round_ratio(bare: Any, profiled: Any) -> float:
+    """Bare calls per CPU second over profiled calls per CPU second, in one interleaved round.
+
+    CPU time, not the wall clock: on a shared machine other processes' load would swamp a 2%
+    effect. The two loops alternate in short chunks (the machine's state hits both alike);
+    the profiled side is charged this thread's time in its chunks plus every other thread's
+    (the export worker, the exporters: nothing else runs threads here), flushed within the
+    round. Profiled calls are 4/5 of the round, as a service that is profiled would be.
+    """
+    process0, thread0 = time.process_time(), time.thread_time()
+    plain = timed = 0.0
+    for _ in range(20):
+        plain += _cpu(bare, 5)
+        timed += _cpu(profiled, 20)
+    assert profkit.force_flush(10.0)
+    others = (time.process_time() - process0) - (time.thread_time() - thread0)
+    return (plain / 100) / ((timed + others) / 400)
+
+
+def test_overhead_budget_keeps_throughput() -> None:
+    """sample_every=1, max_overhead=0.02, ~1 ms calls: >= 0.93 of the bare loop's throughput."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bare = _mlp_steps(_steps_for_1ms())
+        profiled = profkit.profiled("model")(bare)
+        with capture(sample_every=1, max_overhead=0.02, max_per_minute=None) as cap:
+            _cpu(profiled, 50)  # first windows, caches
+            ratios = sorted(_round_ratio(bare, profiled) for _ in range(9))
+    finally:
+        torch.set_num_threads(threads)
+    s = cap.stats
+    assert ratios[len(ratios) // 2] >= 0.93, ratios
+    assert 0 < s["overhead"] <= 0.03
+    assert s["sampled"] > 0
+    assert s["skipped_budget"] > 0
+    assert s["exported"] == s["sampled"]
+    assert _reconciled(s)
+
+
+def test_cpu_meter_share_over_the_trailing_interval() -> None:
+    """The share is profkit's CPU over the process's since the oldest of ten 1 s checkpoints."""
+    wall, cpu = [0.0], [0.0]
+    meter = CpuMeter(clock=lambda: wall[0], cpu=lambda: cpu[0])
+    assert 0.0 == meter.share()
+    for _ in range(20):  # 20 s: 1 s of process CPU and 10 ms of profkit's each second
+        wall[0] += 1.0
+        cpu[0] += 1.0
+        meter.charge(0.01)
+        meter.share()
+    assert 0.01 == pytest.approx(meter.share())  # checkpoints at 11..20 s: 90 ms / 9 s
+    meter.charge(0.09)
+    assert 0.02 == pytest.approx(meter.share())
+
+
+def test_cpu_meter_forgets_what_left_the_interval() -> None:
+    """A burst of profkit CPU leaves the share once it is more than ten checkpoints old."""
+    wall, cpu = [0.0], [0.0]
+    meter = CpuMeter(clock=lambda: wall[0], cpu=lambda: cpu[0])
+    meter.charge(1.0)
+    cpu[0] = 2.0
+    assert 0.5 == meter.share()
+    for _ in range(11):
+        wall[0] += 1.0
+        cpu[0] += 1.0
+        meter.share()
+    assert 0.0 == meter.share()
+
+
+def test_over_budget_calls_are_skipped_and_triggers_still_profile() -> None:
+    """Over max_overhead the sampler's picks are skipped_budget; a trigger is still profiled."""
+    with capture(sample_every=1, max_overhead=0.01, max_per_minute=None) as cap:
+        session = get_session()
+        assert session is not None
+        session.stats.cpu.charge(1e6)  # far over any budget for the next ten seconds
+        for _ in range(5):
+            predict(X)
+        profkit.trigger(1)
+        predict(X)
+    s = cap.stats
+    assert (5, 1, 1) == (s["skipped_budget"], s["sampled"], s["exported"])
+    assert ["trigger"] == [c.policy for c in cap.calls]
+    assert s["overhead"] > 0.01
+    assert _reconciled(s)
+
+
+def test_refused_calls_use_up_no_rate_cap_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls turned away for the budget leave the rate cap's tokens for later ones."""
+    with capture(sample_every=1, max_overhead=0.01, max_per_minute=2) as cap:
+        session = get_session()
+        assert session is not None
+        monkeypatch.setattr(session.stats.cpu, "share", lambda: 0.5)
+        for _ in range(5):
+            predict(X)
+        monkeypatch.setattr(session.stats.cpu, "share", lambda: 0.0)
+        for _ in range(5):
+            predict(X)
+    s = cap.stats
+    assert (5, 2, 3) == (s["skipped_budget"], s["sampled"], s["skipped_rate_limit"])
+    assert _reconciled(s)
+
+
+def test_stats_report_overhead_as_a_share() -> None:
+    """stats()["overhead"] is a float in [0, 1]: 0.0 before any window."""
+    profkit.configure(sample_every=1, exporters=())
+    assert 0.0 == profkit.stats()["overhead"]
+    predict(X)
+    assert profkit.force_flush(10.0)
+    assert 0.0 < profkit.stats()["overhead"] <= 1.0
+
+
+def test_default_caps_windows_at_60_a_minute() -> None:
+    """With no rate setting, a burst of 70 sampled calls opens 60 windows; 10 are capped."""
+    config = profkit.configure(sample_every=1, queue_size=1000, exporters=())
+    assert 60.0 == config.max_per_minute
+    for _ in range(70):
+        predict(X)
+    s = profkit.stats()
+    assert (60, 10, 0) == (s["sampled"], s["skipped_rate_limit"], s["skipped_backlog"])
+
+
+def test_cap_lifted_by_none_in_code_and_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """max_per_minute=None, or PROFKIT_MAX_PER_MINUTE=none, means no cap at all."""
+    assert profkit.configure(max_per_minute=None, exporters=()).max_per_minute is None
+    monkeypatch.setenv("PROFKIT_MAX_PER_MINUTE", "none")
+    assert profkit.configure(exporters=()).max_per_minute is None
+    monkeypatch.setenv("PROFKIT_MAX_OVERHEAD", "0.01")
+    assert 0.01 == profkit.configure(exporters=()).max_overhead
