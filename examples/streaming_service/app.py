@@ -60,44 +60,48 @@ class TinyLM(torch.nn.Module):
 MODEL = TinyLM().eval()
 
 
-def _prefill(prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    state = torch.zeros(1, HIDDEN)
-    logits = torch.zeros(1, VOCAB)
-    for token in prompt:
-        logits, state = MODEL(torch.tensor([token]), state)
-    return logits, state
+Step = tuple[torch.Tensor, torch.Tensor]
+
+
+def prefill(prompt: list[int]) -> Step:
+    """Run the prompt through the model: the next-token logits and the state."""
+    with profkit.region("prefill", prompt_tokens=len(prompt)), torch.inference_mode():
+        state = torch.zeros(1, HIDDEN)
+        logits = torch.zeros(1, VOCAB)
+        for token in prompt:
+            logits, state = MODEL(torch.tensor([token]), state)
+        return logits, state
+
+
+def decode_step(step: Step) -> tuple[str, Step]:
+    """One greedy token, and the logits and state for the next one.
+
+    Grad mode is thread-local like the profiler: ``inference_mode`` is entered per step and
+    never held across a ``yield`` (a sync generator's next step may run on another thread,
+    an async generator's loop runs other tasks on this thread in between).
+    """
+    logits, state = step
+    with profkit.region("decode_step"), torch.inference_mode():
+        token = logits.argmax(dim=1)
+        return f"{int(token)} ", MODEL(token, state)
 
 
 @profkit.profiled("generate")
 def generate(prompt: list[int], tokens: int) -> Iterator[str]:
-    """Greedy decoding, one token per step (a sync generator: steps hop threads).
-
-    Grad mode is thread-local like the profiler: ``inference_mode`` is entered per step,
-    never held across a ``yield`` (the next step may run on another thread).
-    """
-    with profkit.region("prefill", prompt_tokens=len(prompt)), torch.inference_mode():
-        logits, state = _prefill(prompt)
+    """Greedy decoding, one token per step (a sync generator: steps hop threads)."""
+    step = prefill(prompt)
     for _ in range(tokens):
-        with profkit.region("decode_step"), torch.inference_mode():
-            token = logits.argmax(dim=1)
-            logits, state = MODEL(token, state)
-        yield f"{int(token)} "
+        text, step = decode_step(step)
+        yield text
 
 
 @profkit.profiled("agenerate")
 async def agenerate(prompt: list[int], tokens: int) -> AsyncIterator[str]:
-    """The same decoding as an async generator on the event loop.
-
-    Grad mode is per thread, and the loop's other tasks run on this thread between tokens:
-    ``inference_mode`` is entered per step here too, never held across a ``yield``.
-    """
-    with profkit.region("prefill", prompt_tokens=len(prompt)), torch.inference_mode():
-        logits, state = _prefill(prompt)
+    """The same decoding as an async generator on the event loop."""
+    step = prefill(prompt)
     for _ in range(tokens):
-        with profkit.region("decode_step"), torch.inference_mode():
-            token = logits.argmax(dim=1)
-            logits, state = MODEL(token, state)
-        yield f"{int(token)} "
+        text, step = decode_step(step)
+        yield text
         await asyncio.sleep(0)  # let the loop serve others between tokens
 
 
