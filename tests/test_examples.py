@@ -164,6 +164,17 @@ def wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path, timeout:
     pytest.fail(f"the server did not come up in {timeout}s:\n{log.read_text()[-4000:]}")
 
 
+def stop_gracefully(server: subprocess.Popen[bytes]) -> int:
+    """SIGINT (uvicorn's graceful shutdown: profkit flushes), then kill after 60 s; the code."""
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    return server.returncode
+
+
 @contextlib.contextmanager
 def running_service(tmp_path: Path, receiver: GrpcReceiver) -> Iterator[dict[str, Any]]:
     """The example service under uvicorn, exporting to ``receiver`` and a JSON-lines file.
@@ -193,13 +204,7 @@ def running_service(tmp_path: Path, receiver: GrpcReceiver) -> Iterator[dict[str
             wait_until_up(state["url"], server, state["log"], timeout=120.0)
             yield state
         finally:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-            state["returncode"] = server.returncode
+            state["returncode"] = stop_gracefully(server)
 
 
 def _check_nesting(spans: list[dict[str, str]]) -> int:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from test_examples import ROOT, example_env, free_port, wait_until_up
+from test_examples import ROOT, example_env, free_port, stop_gracefully, wait_until_up
 
 CLIENTS = 12
 ROUNDS = 3
@@ -65,14 +64,9 @@ def test_streaming_example_under_concurrent_clients(tmp_path: Path) -> None:
                 pytest.fail(f"{exc!r}\n{log.read_text(errors='replace')[-6000:]}")
             stats = httpx.get(f"{base}/profkit/stats", timeout=10.0).json()
         finally:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            returncode = stop_gracefully(server)
     text = log.read_text(errors="replace")
-    assert 0 == server.returncode, text[-4000:]
+    assert 0 == returncode, text[-4000:]
     assert CLIENTS * ROUNDS * 2 // 2 == len(streams)
     assert 1 == len(set(streams)), "every stream yields the same tokens"
     assert TOKENS == len(streams[0].split())
