@@ -161,11 +161,17 @@ def get_config() -> Config | None:
     return session.config if session is not None else None
 
 
-def trigger(n: int = 1) -> None:
-    """Profile the next ``n`` root calls whatever the sampler says (no-op before configure)."""
+def trigger(n: int = 1, *, label: str | None = None) -> None:
+    """Profile the next ``n`` root calls whatever the sampler says (no-op before configure).
+
+    With ``label``, the next ``n`` root calls of that label only (others are not counted).
+
+    Raises:
+        ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
+    """
     session = get_session()
     if session is not None:
-        session.trigger(n)
+        session.trigger(n, label)
 
 
 def stats() -> StatsSnapshot:

@@ -116,24 +116,37 @@ class RateLimiter:
 
 
 class Triggered:
-    """``trigger(n)``: the next n root calls are profiled whatever the sampler says."""
+    """``trigger(n)``: the next n root calls are profiled whatever the sampler says.
+
+    ``trigger(n, label="predict")``: the next n root calls of that label only.
+    """
 
     def __init__(self) -> None:
-        #: triggers not yet taken; read without the lock (a plain attribute: the hot path
-        #: checks it before calling ``take``)
+        #: triggers not yet taken, of any label; read without the lock (a plain attribute:
+        #: the hot path checks it before calling ``take``)
         self.pending = 0
+        self._any = 0
+        self._by_label: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, label: str | None = None) -> None:
         with self._lock:
+            if label is None:
+                self._any += n
+            else:
+                self._by_label[label] = self._by_label.get(label, 0) + n
             self.pending += n
 
-    def take(self) -> bool:
-        """Consume one pending trigger; False when none is left."""
+    def take(self, label: str = "") -> bool:
+        """Consume one pending trigger for a root call of ``label``; False when none applies."""
         if not self.pending:  # unlocked fast path: the common case
             return False
         with self._lock:
-            if self.pending:
-                self.pending -= 1
-                return True
-            return False
+            if self._any:
+                self._any -= 1
+            elif self._by_label.get(label):
+                self._by_label[label] -= 1
+            else:
+                return False
+            self.pending -= 1
+            return True

@@ -109,7 +109,7 @@ class Session:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self._triggered.pending and not self.pipeline.full() and self._triggered.take():
+        if self._triggered.pending and not self.pipeline.full() and self._triggered.take(label):
             policy = "trigger"
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
@@ -218,10 +218,12 @@ class Session:
             with guard(self.stats, "profiler_build"):
                 self._spare = make_profiler(self.config)
 
-    def trigger(self, n: int = 1) -> None:
+    def trigger(self, n: int = 1, label: str | None = None) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
-        self._triggered.add(n)
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
+        self._triggered.add(n, label)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.

@@ -190,3 +190,25 @@ def test_calls_after_shutdown_run_unprofiled(mlp, batch) -> None:
     assert profkit.shutdown(5)
     assert torch.equal(mlp(batch), predict(mlp, batch))
     assert get_session() is None
+
+
+def test_trigger_with_a_label_profiles_only_that_label() -> None:
+    """trigger(2, label="b") profiles exactly the next two calls of b and none of a."""
+
+    @profkit.profiled("a")
+    def a() -> int:
+        return 1
+
+    @profkit.profiled("b")
+    def b() -> int:
+        return 2
+
+    with capture(sample_every=10**9) as cap:
+        assert 1 == a()  # the counter's first call is sampled: take it out of the way
+        profkit.trigger(2, label="b")
+        assert [1, 2, 1, 2, 1, 2, 2] == [a(), b(), a(), b(), a(), b(), b()]
+    assert ["a", "b", "b"] == [c.label for c in cap.calls]
+    assert ["every:1000000000", "trigger", "trigger"] == [c.policy for c in cap.calls]
+    profkit.configure(exporters=())
+    with pytest.raises(ValueError, match="label"):
+        profkit.trigger(1, label=3)  # type: ignore[arg-type]
