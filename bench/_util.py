@@ -182,3 +182,18 @@ def quiet_exporter_settings() -> dict[str, Any]:
 def fmt_spread(s: dict[str, float], digits: int = 2) -> str:
     """A spread as "median [q1-q3]" for the tables."""
     return f"{s['median']:.{digits}f} [{s['q1']:.{digits}f}-{s['q3']:.{digits}f}]"
+
+
+def seeded_mlp() -> tuple[Any, Any]:
+    """The benchmarks' small MLP (64 -> 128 -> 10, eval) and a 32 x 64 batch, on one thread.
+
+    Seeded, so every process and both trees of ``compare.py`` measure the same numbers.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+    ).eval()
+    return model, torch.randn(32, 64)

@@ -52,15 +52,11 @@ def _bare(x: Any) -> Any:
 
 def _child() -> None:
     import torch
+    from _util import seeded_mlp  # this script's folder: bench code, the same for both trees
 
     import profkit
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    ).eval()
-    x = torch.randn(32, 64)
+    model, x = seeded_mlp()
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

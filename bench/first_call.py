@@ -44,15 +44,10 @@ def child(calls: int) -> dict[str, Any]:
     import profkit
 
     sys.path.insert(0, str(HERE))
-    from _util import quiet_exporter_settings
+    from _util import quiet_exporter_settings, seeded_mlp
 
     import_s = time.perf_counter() - t_import
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    ).eval()
-    x = torch.randn(32, 64)
+    model, x = seeded_mlp()
 
     def forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
