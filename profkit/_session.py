@@ -150,7 +150,7 @@ class Session:
             self.stats.skip("skipped_busy")
             return None
         win: Window | None = None
-        opened = False
+        opened = charged = False
         try:
             if not SLOT.may_open():
                 self.stats.skip("skipped_foreign")
@@ -164,6 +164,10 @@ class Session:
                 self.stats.drop("profiler_start_failed")
                 return None
             self.stats.add("windows")
+            # charged before the window is visible: an exception landing in the charge (a
+            # signal's) then leaves no window whose call nobody will end
+            self.stats.cpu.charge(time.thread_time() - cpu0)
+            charged = True
             SLOT.occupy(self.keeper, win)
             call = self._join(win, policy, parent)
             opened = True  # only now: an exception before leaves no window without its call
@@ -173,7 +177,8 @@ class Session:
                 if win is not None:
                     win.ensure_stopped()  # started, then an exception landed: never leave it on
                 SLOT.vacate(win)
-            self.stats.cpu.charge(time.thread_time() - cpu0)  # last: cleaning up comes first
+                if not charged:
+                    self.stats.cpu.charge(time.thread_time() - cpu0)  # after cleaning up
 
     def _join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
         warm = len(win.calls) < self.config.warmup
