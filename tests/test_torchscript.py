@@ -69,7 +69,8 @@ def test_scripted_code_runs_inside_a_sampled_call() -> None:
         serve(torch.randn(3, 8))
     (call,) = cap.calls
     assert ["serve"] == [s.label for s in call.scopes]
-    assert "aten::linear" in {r.name for r in call.root.ops}
+    # the JIT's optimising executor may run Linear as its decomposition (aten::addmm)
+    assert {"aten::linear", "aten::addmm"} & {r.name for r in call.root.ops}
 
 
 def test_a_guarded_region_scripts() -> None:
