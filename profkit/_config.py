@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +50,20 @@ class Config:
     max_overhead: float | None = None
     """Largest share of the process's CPU time profkit may use (0.01: 1%), over the last ~10 s;
     past it, sampled calls are skipped (``skipped_budget``). None means no budget."""
+
+    capture_slow: bool = False
+    """Time root calls per label and profile some speculatively; export those slower than the
+    label's recent p95 (policy "slow"), release the others unread."""
+
+    slow_ms: float | None = None
+    """With ``capture_slow``: a call slower than this many ms is slow (None: the label's p95)."""
+
+    baggage_trigger: bool = False
+    """Profile a root call whose OTel baggage holds ``profkit.profile=1`` (policy "baggage");
+    still under ``max_per_minute`` and ``max_overhead``."""
+
+    trigger_signal: str | None = None
+    """Signal name ("SIGUSR1") on which the process profiles its next root call; None: none."""
 
     window: int = 1
     """Root calls recorded per profiler window (on the thread that opened it)."""
@@ -205,6 +220,12 @@ def validate(values: Mapping[str, Any]) -> None:
         )
 
 
+def _is_signal(name: str) -> bool:
+    return name.isupper() and name.startswith("SIG") and isinstance(
+        getattr(signal, name, None), signal.Signals
+    )
+
+
 def _validate_one(name: str, value: Any) -> None:
     if name not in _FIELD_TYPES:
         raise ValueError(f"unknown profkit setting {name!r}")
@@ -238,6 +259,11 @@ def _validate_one(name: str, value: Any) -> None:
     elif name == "export_timeout":
         ok = _is_num(value) and 0 < value <= MAX_EXPORT_TIMEOUT
         _check(name, ok, value, f"must be a number of seconds in (0, {MAX_EXPORT_TIMEOUT:g}]")
+    elif name == "slow_ms":
+        _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
+    elif name == "trigger_signal":
+        ok = value is None or (isinstance(value, str) and _is_signal(value))
+        _check(name, ok, value, "must be the name of a signal this platform has, or None")
     elif name in ("launch_bound_op_us", "max_window_s"):
         _check(name, _is_num(value) and value > 0, value, "must be a number > 0")
     elif name in ("input_bound_share", "compute_bound_top2_share"):
