@@ -142,7 +142,7 @@ def _worker_cpu(fn: Any, arg: int, count: int) -> dict[str, Any]:
     cpu, events = [], []
     for i, win in enumerate(windows):
         n = len(win.prof.profiler.kineto_results.events())
-        session._spare = None  # as in service: the worker builds the next window's profiler
+        session.keeper.spare = None  # as in service: the worker builds the next window's profiler
         t0 = time.process_time()  # every thread: this one runs the worker's step, the
         pipeline._handle(win)  # exporters run on their own threads meanwhile
         if i >= 2:  # two windows to warm the path up

@@ -23,6 +23,7 @@ import profkit
 US_LIMIT_PROFILED = 1000.0
 RATIO_LIMIT = 0.15
 US_LIMIT_REGION = 500.0
+US_LIMIT_CAPTURE_SLOW = 1500.0
 
 
 def bare(x: Any) -> Any:
@@ -103,6 +104,17 @@ def measure(quick: bool) -> dict[str, Any]:
         {"bare": _plain(bare), "profiled": _plain(profiled_fn)}, rounds=rounds, n=n, seed=1
     )
 
+    # capture_slow (issue 16): every unprofiled root call is timed for its label's latency
+    # book; the speculative windows' own rate cap lets at most one window through
+    profkit.configure(sample_every=100, max_per_minute=1e-9, capture_slow=True, exporters=())
+    profiled_fn(1)
+    profkit.force_flush(10.0)
+    slow = interleaved(
+        {"bare": _plain(bare), "profiled": _plain(profiled_fn)}, rounds=rounds, n=n, seed=3
+    )
+    slow_stats = profkit.stats()
+    profkit.shutdown(5.0)
+
     added_prof = diffs(raw["profiled"], raw["bare"])
     added_rf = diffs(raw["record_function"], raw["bare"])
     rows = {
@@ -120,6 +132,9 @@ def measure(quick: bool) -> dict[str, Any]:
             diffs(raw["nested_region"], raw["nested_bare"])
         ),
         "raw record_function (no profiler)": spread(added_rf),
+        "profiled, off-sample root, capture_slow on": spread(
+            diffs(slow["profiled"], slow["bare"])
+        ),
     }
     ratio = spread([p / r for p, r in zip(added_prof, added_rf, strict=True)])
     return {
@@ -130,6 +145,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "rows_ns": rows,
         "ratio_to_record_function": ratio,
         "sampled_during_bench": stats["sampled"],
+        "speculative_windows_during_bench": slow_stats["windows"] - 1,
         "targets": {
             "profiled_off_sample_us": {
                 "value": rows["profiled, off-sample root"].median / 1000,
@@ -145,6 +161,12 @@ def measure(quick: bool) -> dict[str, Any]:
                 "value": rows["region, nested in off-sample root"].median / 1000,
                 "limit": US_LIMIT_REGION / 1000,
                 "ok": rows["region, nested in off-sample root"].median <= US_LIMIT_REGION,
+            },
+            "capture_slow_off_sample_us": {
+                "value": rows["profiled, off-sample root, capture_slow on"].median / 1000,
+                "limit": US_LIMIT_CAPTURE_SLOW / 1000,
+                "ok": rows["profiled, off-sample root, capture_slow on"].median
+                <= US_LIMIT_CAPTURE_SLOW,
             },
             "region_root_off_sample_us": {
                 "value": rows["region, off-sample root"].median / 1000,

@@ -47,6 +47,10 @@ TARGETS = {
         "µs",
     ),
     "region_root_off_sample_us": ("Off-sample `region()` as the root call itself, added", "µs"),
+    "capture_slow_off_sample_us": (
+        "Off-sample `@profiled` root call with `capture_slow=True` (timed), added",
+        "µs",
+    ),
     "sampled_overhead_ms": (
         "Sampled call on the MLP: start + stop + hand-off beyond per-op recording",
         "ms",

@@ -221,8 +221,10 @@ def validate(values: Mapping[str, Any]) -> None:
 
 
 def _is_signal(name: str) -> bool:
-    return name.isupper() and name.startswith("SIG") and isinstance(
-        getattr(signal, name, None), signal.Signals
+    return (
+        name.isupper()
+        and name.startswith("SIG")
+        and isinstance(getattr(signal, name, None), signal.Signals)
     )
 
 

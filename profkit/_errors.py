@@ -57,6 +57,11 @@ class StatsSnapshot(TypedDict):
     """Sampled decisions not profiled because profkit was over ``max_overhead`` (part of
     unsampled)."""
     warmup_calls: int
+    speculative: int
+    """capture_slow: root calls recorded by a speculative window; those found slow are then
+    ``sampled`` (policy "slow"), the others ``speculative_released`` (part of unsampled)."""
+    speculative_released: int
+    """Speculative calls not slow: released unread, nothing summarised (part of unsampled)."""
     windows: int
     """Profiler windows opened (one window records ``window`` root calls, after ``warmup``)."""
     errors: int
@@ -151,6 +156,8 @@ class Stats:
             skipped_backlog=counts.get("skipped_backlog", 0),
             skipped_budget=counts.get("skipped_budget", 0),
             warmup_calls=warmup,
+            speculative=counts.get("speculative", 0),
+            speculative_released=counts.get("speculative_released", 0),
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),

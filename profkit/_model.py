@@ -171,6 +171,11 @@ class CallSummary:
     """profkit labels inside the compiled graphs the call ran: traced away by the compiler,
     so they have no span of their own (their ops are in the enclosing scope)."""
     diagnosis: Diagnosis | None = None
+    slow_threshold_ms: float | None = None
+    """Policy "slow": the threshold in ms the call's duration beat (``capture_slow``)."""
+    unsampled_p50_ms: float | None = None
+    """With ``capture_slow``: the label's recent median in ms over calls that ran without the
+    profiler, beside this call's own duration (how much the profiler inflated it)."""
     trace_id: str = ""
     """Hex trace id of the call's span once the span step recorded it (else empty)."""
     span_id: str = ""

@@ -69,6 +69,10 @@ class ExportPipeline:
         self._count_lock = threading.Lock()
         self._idle = threading.Condition()  # the worker notifies, flush waits: no request
         self._windows_done = 0
+        #: the worker's busy time (wall ns, all windows so far), and when the current window's
+        #: work began (0: idle); see :meth:`busy_ns`
+        self._busy_total = 0
+        self._busy_since = 0
 
     def _at_fork_reinit(self) -> None:
         """In a forked child: the worker did not survive the fork; start clean (lazily)."""
@@ -84,6 +88,15 @@ class ExportPipeline:
         ``queue_full`` is not recorded at all (``skipped_backlog``).
         """
         return self._queue.qsize() >= self._queue_size
+
+    def busy_ns(self) -> int:
+        """The worker's busy wall time so far, in ns, the window in progress included.
+
+        The difference across a call bounds how much of it the worker may have taken (it
+        holds the GIL while it summarises): capture_slow subtracts it before judging a call.
+        """
+        since = self._busy_since
+        return self._busy_total + (time.perf_counter_ns() - since if since else 0)
 
     def offer(self, win: Window) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
@@ -128,7 +141,12 @@ class ExportPipeline:
             # at once, the worker takes the GIL at the call's next release (freeing a tensor
             # can release it) and the sampled request waits out a whole switch interval
             time.sleep(_HANDOFF_GRACE_S)
-            self._handle(item)
+            self._busy_since = time.perf_counter_ns()
+            try:
+                self._handle(item)
+            finally:
+                self._busy_total += time.perf_counter_ns() - self._busy_since
+                self._busy_since = 0
 
     def _handle(self, win: Window) -> None:
         cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds

@@ -83,6 +83,12 @@ class CallRecord:
     """Nothing more is recorded for this call: it ended, or its window was cut short."""
     truncated: str | None = None
     """Why the window stopped before the call ended ("max_window_s", "first_step", ...)."""
+    slow_threshold_ms: float | None = None
+    """A speculative call found slow: the threshold its duration beat (``capture_slow``)."""
+    unsampled_p50_ms: float | None = None
+    """The label's recent unprofiled median when the call ended (``capture_slow``)."""
+    worker_busy_ns: int = 0
+    """A speculative call: the export worker's busy time when it began (see ``judge``)."""
 
     def close_scopes(self) -> Exception | None:
         """Close every scope still open, innermost first; returns a failure, if any."""

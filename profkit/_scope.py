@@ -36,6 +36,7 @@ from ._compiler import compiled_away, compiling
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
 from ._slot import SLOT
+from ._slow import Timed
 from ._text import escape
 
 __all__ = [
@@ -157,6 +158,8 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
                 _errors.internal(session.stats, "begin_root", exc)
             if call is None:
                 return OFF
+            if call.__class__ is int:  # capture_slow: unprofiled, timed; the frame is OFF
+                return Timed(session.timed, label, call)
             return _open(call, None, session, label, attributes, code)
         except BaseException as exc:
             _abort_root(call, session, exc)
@@ -199,6 +202,10 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
     if entered is OFF:
         if restore:
             FRAME.set(None)
+        return
+    if entered.__class__ is Timed:  # capture_slow's timed unprofiled root call
+        FRAME.set(None) if restore else None
+        entered.end()
         return
     call = entered.call
     try:
@@ -266,7 +273,7 @@ def sync_call(
     pk_compiling, pk_compiled_away = compiling, compiled_away
     pk_get, pk_set, pk_reset, pk_off, pk_global = FRAME.get, FRAME.set, FRAME.reset, OFF, GLOBAL
     pk_open, pk_internal = _open, _errors.internal
-    pk_leave_nested, pk_leave_root = _leave_nested, _leave_root
+    pk_leave_nested, pk_leave_root, pk_int = _leave_nested, _leave_root, int
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -302,7 +309,7 @@ def sync_call(
                 call = session.begin_root(pk_label)
             except Exception as exc:
                 pk_internal(session.stats, "begin_root", exc)
-            if call is None:
+            if call is None or call.__class__ is pk_int:  # unprofiled (int: capture_slow's t0)
                 return pk_fn(*args, **kwargs)
             entered = pk_open(call, None, session, pk_label, pk_attributes, pk_code)
             return pk_fn(*args, **kwargs)
@@ -312,6 +319,9 @@ def sync_call(
         finally:
             if call is None:  # by token when it was stored (cheaper), else by value
                 pk_reset(token) if token is not None else pk_set(None)
+            elif call.__class__ is pk_int:
+                pk_reset(token) if token is not None else pk_set(None)
+                session.timed(pk_label, call)
             else:
                 try:
                     pk_leave_root(entered, call, session, error)

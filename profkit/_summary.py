@@ -38,8 +38,7 @@ __all__ = ["EventView", "build_calls", "rows_for", "top_rows"]
 _BY_START = operator.attrgetter("start_ns")
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
-#: tolerance when placing an op in a task's running interval: the profiler's clock and
-#: ``time.time_ns`` agree to well under this (ops start >= 1 µs after the step begins)
+#: tolerance placing an op in a task's running interval (the clocks agree to well under it)
 _TASK_SLACK_NS = 1_000
 
 
@@ -340,6 +339,8 @@ def _build_call(
         error_text=ErrorText.of(call.error, limit) if call.error is not None else None,
         thread_name=call.thread_name,
         truncated=call.truncated,
+        slow_threshold_ms=call.slow_threshold_ms,
+        unsampled_p50_ms=call.unsampled_p50_ms,
         device_active=device_active,
         compile_us=compile_us,
         compiled_labels=compiled_labels(per_scope[0], limit),
@@ -393,8 +394,7 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
 def _clean_code(code: CodeInfo | None, limit: int) -> CodeInfo | None:
     if code is None:
         return None
+    path = clean(code.file_path, limit, keep_end=True)
     return CodeInfo(
-        function=clean(code.function, limit),
-        file_path=clean(code.file_path, limit, keep_end=True),
-        line_number=code.line_number,
+        function=clean(code.function, limit), file_path=path, line_number=code.line_number
     )

@@ -40,6 +40,8 @@ __all__ = [
     "started_before_fork",
 ]
 
+#: policies of speculative calls not (or not yet) found slow: never exported
+_UNREAD = ("speculative", "released")
 _primed: set[tuple[str, bool]] = set()
 #: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
 _per_event: dict[tuple[str, bool], float] = {}
@@ -159,16 +161,20 @@ class Window:
         "owner",
         "owner_thread",
         "prof",
+        "speculative",
         "started_ns",
         "stopped_refs",
     )
 
-    def __init__(self, window_id: int, config: Config) -> None:
+    def __init__(self, window_id: int, config: Config, speculative: int = 0) -> None:
         self.id = window_id
         self.config = config
         self.owner = threading.get_ident()
         self.owner_thread = threading.current_thread()
-        self.needed = config.warmup + config.window
+        #: a speculative window (``capture_slow``) records this many calls, with no warm-up,
+        #: and exports only those that turn out slow
+        self.speculative = speculative
+        self.needed = speculative or config.warmup + config.window
         #: the calls that joined, in order; joining is one ``append`` (atomic), and the counts
         #: below are derived from it, so an exception landing anywhere leaves them consistent
         self.calls: list[CallRecord] = []
@@ -200,8 +206,9 @@ class Window:
 
     @property
     def recorded(self) -> int:
-        """Calls recorded for export (the ``warmup`` calls are not)."""
-        return sum(1 for c in self.calls if not c.warmup)
+        """Calls recorded for export (the ``warmup`` calls and released speculative ones are
+        not)."""
+        return sum(1 for c in self.calls if not c.warmup and c.policy not in _UNREAD)
 
     def start(self, prof: profile | None = None) -> None:
         """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one."""

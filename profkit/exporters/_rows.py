@@ -51,6 +51,10 @@ def call_extras(call: CallSummary) -> dict[str, Any]:
         out["compiled_labels"] = list(call.compiled_labels)
     if call.trace_path:
         out["trace_path"] = call.trace_path
+    if call.slow_threshold_ms is not None:
+        out["slow_threshold_ms"] = round(call.slow_threshold_ms, 3)
+    if call.unsampled_p50_ms is not None:
+        out["unsampled_p50_ms"] = round(call.unsampled_p50_ms, 3)
     return out
 
 

@@ -105,7 +105,10 @@ def scope_attributes(call: CallSummary, scope: ScopeSummary) -> dict[str, Any]:
 
 
 #: span attribute names of the optional call facts whose name is not ``profkit.<field>``
-_EXTRA_NAMES = {"trace_path": "profkit.trace.path"}
+_EXTRA_NAMES = {
+    "trace_path": "profkit.trace.path",
+    "slow_threshold_ms": "profkit.sampling.threshold_ms",
+}
 
 
 def _root_attributes(call: CallSummary) -> dict[str, Any]:
