@@ -55,12 +55,13 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Callable[[
 
 
 class Gate:
-    """What a call the sampler chose must pass before a window opens for it.
+    """What a call the sampler (or a client's baggage) chose must pass before a window opens.
 
     Checked in this order, so that a call turned away uses up no rate-cap token: the export
     queue is full (a window recorded now could not be exported: ``skipped_backlog``),
     profkit is over its CPU budget (``skipped_budget``), the rate cap
     (``skipped_rate_limit``). Only sampled decisions get here, never the off-sample path.
+    A refused call is counted under its reason.
     """
 
     def __init__(self, config: Config, stats: Stats, pipeline: ExportPipeline) -> None:
@@ -71,6 +72,13 @@ class Gate:
         #: speculative windows (capture_slow) have a rate cap of their own, of the same size
         per_minute = config.max_per_minute if config.capture_slow else None
         self._spec_limiter = RateLimiter(per_minute) if per_minute else None
+
+    def admits(self) -> bool:
+        """Whether this call may open a window; if not, count the reason."""
+        refused = self.refused()
+        if refused is not None:
+            self._stats.add(refused)
+        return refused is None
 
     def refused(self) -> str | None:
         """The counter of the reason this call is not profiled after all, or None."""

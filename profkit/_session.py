@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
+from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from ._config import Config
@@ -55,6 +55,22 @@ _otel_current = _find_otel_current()
 _SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
+#: the key of OTel's baggage in a context, found like ``_SPAN_KEY`` (baggage_trigger), and
+#: the ``profkit.profile`` values that ask for a profile, after lower()
+_BAGGAGE_KEY = next(iter(baggage.set_baggage("profkit.profile", "1", otel_context.Context())))
+_YES = frozenset({"1", "true", "yes"})
+
+
+def asks_to_profile(ctx: otel_context.Context) -> bool:
+    """Whether the OTel baggage in ``ctx`` holds ``profkit.profile`` = 1, true or yes.
+
+    ``baggage.get_baggage("profkit.profile", ctx)`` without its three Python frames.
+    """
+    bag = ctx.get(_BAGGAGE_KEY)
+    value = bag.get("profkit.profile") if isinstance(bag, dict) else None
+    return isinstance(value, str) and value.strip().lower() in _YES
+
+
 def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
         return TraceIdRatio(config.sample_rate)
@@ -70,6 +86,7 @@ class Session:
         self.active = config.enabled
         self._sampler = make_sampler(config)
         self._ratio = config.sample_rate is not None
+        self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
         self._triggered = Triggered()
         spans, exporters = build_exporters(config)
         fanout = Fanout(self.stats, spans, exporters, config.export_timeout)
@@ -94,7 +111,8 @@ class Session:
 
         A call inside a trace that was not sampled is not profiled (its spans would never be
         exported): it is counted as ``skipped_unsampled_trace`` before the sampler, a
-        trigger or an open window sees it, so it uses up none of them.
+        trigger or an open window sees it, so it uses up none of them. A call whose baggage
+        asks for a profile (``baggage_trigger``) skips the sampler, not the gate.
         """
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
@@ -110,17 +128,15 @@ class Session:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
         if self._triggered.pending and not self.pipeline.full() and self._triggered.take(label):
-            policy = "trigger"
+            return self.keeper.open("trigger", parent)
+        if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
+            policy = "baggage"
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
                 return None if self._book is None else self._unprofiled(label, parent)
-            refused = self._gate.refused()
-            if refused is not None:
-                self.stats.add(refused)
-                return None
             policy = self._sampler.description
-        return self.keeper.open(policy, parent)
+        return self.keeper.open(policy, parent) if self._gate.admits() else None
 
     def _on_own_thread(
         self, owner: WindowOwner, win: Window, parent: SpanContext | None, label: str
