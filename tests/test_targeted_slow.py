@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
@@ -141,3 +142,29 @@ def test_speculation_stays_under_the_budget_and_rate_cap() -> None:
 def test_slow_ms_is_validated(bad: object) -> None:
     with pytest.raises(ValueError, match="slow_ms"):
         profkit.configure(slow_ms=bad)  # type: ignore[arg-type]
+
+
+def test_region_and_coroutine_roots_are_timed_and_judged() -> None:
+    """A region() root and a coroutine root go through the same book (scope enter/exit)."""
+
+    async def handler(ms: float) -> float:
+        with profkit.region("io"):
+            await asyncio.sleep(ms / 1e3)
+        return ms
+
+    handle = profkit.profiled("handle")(handler)
+    pattern = ([1.0] * 9 + [25.0]) * 6
+    with capture(sample_every=10**9, capture_slow=True, exporters=()) as cap:
+        with profkit.region("warm"):  # the counter's first call: a region root, sampled
+            pass
+        for _ in range(20):
+            with profkit.region("stage"):
+                time.sleep(0.0005)
+        got = [asyncio.run(handle(ms)) for ms in pattern]
+    assert got == pattern
+    stats = profkit.stats()
+    assert stats["root_calls"] == 1 + 20 + len(pattern)
+    assert stats["speculative"] > 0
+    slow = [c for c in cap.calls if c.policy == "slow"]
+    assert slow, stats
+    assert all(c.label == "handle" and c.duration_us > 10_000 for c in slow)
