@@ -69,7 +69,7 @@ class Session:
         self.active = config.enabled
         self._sampler = make_sampler(config)
         self._ratio = config.sample_rate is not None
-        self._triggered = Triggered()
+        self.triggered = Triggered()
         self._window_ids = itertools.count(1)
         spans, exporters = build_exporters(config)
         fanout = Fanout(self.stats, spans, exporters, config.export_timeout)
@@ -106,7 +106,7 @@ class Session:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self._triggered.pending and not self.pipeline.full() and self._triggered.take(label):
+        if self.triggered.pending and not self.pipeline.full() and self.triggered.take(label):
             policy = "trigger"
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
@@ -223,7 +223,7 @@ class Session:
             raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
         if label is not None and not isinstance(label, str):
             raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
-        self._triggered.add(n, label)
+        self.triggered.add(n, label)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.
@@ -259,7 +259,7 @@ class Session:
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
-        self._triggered = Triggered()
+        self.triggered = Triggered()
 
 
 class Gate:
