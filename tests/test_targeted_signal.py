@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -276,7 +277,7 @@ def test_signals_landing_inside_take_are_neither_lost_nor_deadlocked() -> None:
         t.signalled()
 
     def sender() -> None:
-        for _ in range(2000):
+        for _ in range(1000):
             if stop.is_set():
                 return
             os.kill(os.getpid(), signal.SIGUSR2)
@@ -286,6 +287,8 @@ def test_signals_landing_inside_take_are_neither_lost_nor_deadlocked() -> None:
     previous = signal.signal(signal.SIGUSR2, handler)
     thread = threading.Thread(target=sender, daemon=True)
     labelled = 0
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)  # the sender gets the GIL back soon after each sleep
     try:
         thread.start()
         while thread.is_alive():
@@ -298,9 +301,34 @@ def test_signals_landing_inside_take_are_neither_lost_nor_deadlocked() -> None:
         stop.set()
         thread.join(10.0)  # no signal may arrive once the default action (exit) is back
         signal.signal(signal.SIGUSR2, previous)
+        sys.setswitchinterval(interval)
     while t.take("x"):
         taken[0] += 1
     assert handled[0] > 100  # the test did exercise the handler
     assert handled[0] == sum(taken)
     assert labelled == sum(t.take("y") for _ in range(labelled))
     assert (False, 0) == (t.take("y"), t.pending)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_signal_landing_after_any_drain_is_not_lost(at: int) -> None:
+    """A handler that runs right after either drain of take() (the main thread was inside
+    take(), holding the lock; the second drain comes after take() stored what is left): its
+    trigger is still there for the next call."""
+    t = Triggered()
+    t.add(1, label="a")
+    real = t._drain
+    drains = [0]
+
+    def drain_then_signal() -> int:
+        n = real()
+        drains[0] += 1
+        if drains[0] == at:
+            t.signalled()  # between two bytecodes, just after the drain
+        return n
+
+    t._drain = drain_then_signal  # type: ignore[method-assign]
+    assert t.take("a")
+    assert drains[0] >= at  # the signal did land
+    assert [True, False] == [t.take("b"), t.take("b")], f"lost after drain {at}"
+    assert 0 == t.pending
