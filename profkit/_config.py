@@ -221,9 +221,11 @@ def validate(values: Mapping[str, Any]) -> None:
 
 
 def _is_signal(name: str) -> bool:
+    """A signal's name that a handler can catch (not SIGKILL, SIGSTOP)."""
     return (
         name.isupper()
         and name.startswith("SIG")
+        and name not in ("SIGKILL", "SIGSTOP")
         and isinstance(getattr(signal, name, None), signal.Signals)
     )
 
@@ -265,7 +267,8 @@ def _validate_one(name: str, value: Any) -> None:
         _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
     elif name == "trigger_signal":
         ok = value is None or (isinstance(value, str) and _is_signal(value))
-        _check(name, ok, value, "must be the name of a signal this platform has, or None")
+        rule = "must be the name of a signal this platform has that can be caught, or None"
+        _check(name, ok, value, rule)
     elif name in ("launch_bound_op_us", "max_window_s"):
         _check(name, _is_num(value) and value > 0, value, "must be a number > 0")
     elif name in ("input_bound_share", "compute_bound_top2_share"):

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _errors
+from . import _errors, _signals
 from ._config import Config, build_config
 from ._errors import Stats, StatsSnapshot
 from ._scope import GLOBAL
@@ -117,6 +117,9 @@ def configure(
     config = build_config({**given, **extra})
     session = Session(config)
     old = install(session)
+    # on the caller's thread (Python installs handlers on the main thread only), after the
+    # session is the global one; puts back what an earlier trigger_signal replaced
+    _signals.apply(config.trigger_signal if config.enabled else None, session, session.stats)
     if old is not None:
         retire(old)
     return config
@@ -195,8 +198,12 @@ def force_flush(timeout: float = 5.0) -> bool:
 
 
 def shutdown(timeout: float = 5.0) -> bool:
-    """Flush and stop the global session; later calls run unprofiled. True when all exported."""
+    """Flush and stop the global session; later calls run unprofiled. True when all exported.
+
+    Puts back the signal handler that ``trigger_signal`` replaced.
+    """
     session = install(None)
+    _signals.apply(None, None, session.stats if session is not None else Stats())
     return True if session is None else session.shutdown(timeout)
 
 

@@ -119,15 +119,32 @@ class Triggered:
     """``trigger(n)``: the next n root calls are profiled whatever the sampler says.
 
     ``trigger(n, label="predict")``: the next n root calls of that label only.
+    ``signalled()``: one more for any label, from a signal handler (``trigger_signal``).
+
+    A Python signal handler runs on the main thread between two bytecodes of whatever runs
+    there, possibly ``add()`` or ``take()`` holding ``_lock``: a handler that took the lock
+    would wait for itself for ever. So ``signalled()`` takes no lock: ``next()`` on an
+    ``itertools.count`` (one C call, atomic under the GIL and between bytecodes) and one
+    attribute store. ``add()`` and ``take()`` fold what was signalled in under the lock.
     """
 
     def __init__(self) -> None:
-        #: triggers not yet taken, of any label; read without the lock (a plain attribute:
-        #: the hot path checks it before calling ``take``)
+        #: whether a trigger may be pending, read without the lock by the hot path before it
+        #: calls ``take``: the triggers left (under the lock), or 1 stored by ``signalled()``
         self.pending = 0
         self._any = 0
         self._by_label: dict[str, int] = {}
+        self._labelled = 0  # the sum of _by_label
         self._lock = threading.Lock()
+        #: bumped by signal handlers only; every number it hands out is a signal, except the
+        #: ones ``_drain`` itself takes (``_mark``: the first number not yet accounted for)
+        self._signals = itertools.count()
+        self._mark = 0
+
+    def signalled(self) -> None:
+        """One more trigger for any label; lock-free, for a signal handler."""
+        next(self._signals)
+        self.pending = 1  # after the count: see _settle
 
     def add(self, n: int, label: str | None = None) -> None:
         with self._lock:
@@ -135,18 +152,48 @@ class Triggered:
                 self._any += n
             else:
                 self._by_label[label] = self._by_label.get(label, 0) + n
-            self.pending += n
+                self._labelled += n
+            self._settle()
 
     def take(self, label: str = "") -> bool:
         """Consume one pending trigger for a root call of ``label``; False when none applies."""
         if not self.pending:  # unlocked fast path: the common case
             return False
         with self._lock:
+            self._any += self._drain()
+            taken = True
             if self._any:
                 self._any -= 1
             elif self._by_label.get(label):
-                self._by_label[label] -= 1
+                left = self._by_label[label] - 1
+                if left:
+                    self._by_label[label] = left
+                else:
+                    del self._by_label[label]
+                self._labelled -= 1
             else:
-                return False
-            self.pending -= 1
-            return True
+                taken = False
+            self._settle()
+            return taken
+
+    def _drain(self) -> int:
+        """How many signals came since the last drain (under the lock)."""
+        now = next(self._signals)  # a number of our own: not a signal
+        signals = now - self._mark
+        self._mark = now + 1
+        return signals
+
+    def _settle(self) -> None:
+        """Store what is left in ``pending`` (under the lock).
+
+        A handler may run between our store and the end of this method, or (on the main
+        thread) in the middle of it; its ``pending = 1`` must not be overwritten unseen. Its
+        count comes before its store, so draining once more after ours finds it: we loop,
+        and a handler whose count comes after our last drain stores its 1 after our store.
+        """
+        while True:
+            self.pending = self._any + self._labelled
+            signals = self._drain()
+            if not signals:
+                return
+            self._any += signals

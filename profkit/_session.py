@@ -87,7 +87,7 @@ class Session:
         self._sampler = make_sampler(config)
         self._ratio = config.sample_rate is not None
         self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
-        self._triggered = Triggered()
+        self.triggered = Triggered()
         spans, exporters = build_exporters(config)
         fanout = Fanout(self.stats, spans, exporters, config.export_timeout)
         processor = Processor(config, self.stats)
@@ -127,7 +127,7 @@ class Session:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self._triggered.pending and not self.pipeline.full() and self._triggered.take(label):
+        if self.triggered.pending and not self.pipeline.full() and self.triggered.take(label):
             return self.keeper.open("trigger", parent)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
             policy = "baggage"
@@ -153,7 +153,7 @@ class Session:
                 return None  # an unsampled trace does not join (counted by the caller)
             policy = "window"
             if win.speculative:  # a trigger still applies to a call that joins one
-                trig = self._triggered.pending and self._triggered.take(label)
+                trig = self.triggered.pending and self.triggered.take(label)
                 policy = "trigger" if trig else "speculative"
             return self.keeper.join(win, policy, parent)
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
@@ -223,7 +223,7 @@ class Session:
             raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
         if label is not None and not isinstance(label, str):
             raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
-        self._triggered.add(n, label)
+        self.triggered.add(n, label)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.
@@ -259,4 +259,4 @@ class Session:
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
-        self._triggered = Triggered()
+        self.triggered = Triggered()

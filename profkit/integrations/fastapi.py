@@ -21,30 +21,46 @@ The same convention as ``FastAPIInstrumentor.instrument_app`` and
 ``logfire.instrument_fastapi``: call it once the routes exist. It is idempotent, so calling
 it again after ``include_router`` labels the routes added since. WebSocket routes and mounted
 sub-applications are left alone.
+
+``add_trigger_route(app, token=...)`` mounts an optional admin route, ``POST
+/profkit/trigger``, that calls :func:`profkit.trigger` for a caller with the token; nothing is
+mounted unless it is called.
 """
 
 from __future__ import annotations
 
+import hmac
+import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 try:
     import fastapi.routing
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.routing import APIRoute
+    from pydantic import BaseModel, Field, ValidationError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "profkit.integrations.fastapi needs FastAPI: pip install fastapi "
         "(or pip install 'profkit[demo]' for the demo's FastAPI, uvicorn and httpx)"
     ) from exc
 
+from .. import _global
 from .._api import profiled
 
-__all__ = ["instrument_app"]
+__all__ = ["MAX_TRIGGER_N", "TOKEN_ENV", "add_trigger_route", "instrument_app"]
 
 _WRAPPERS: dict[int, Any] = {}
 """The endpoint wrappers made so far, by id (kept alive so that ids stay unique): a call
-that FastAPI already calls through one of them is not wrapped twice."""
+that FastAPI already calls through one of them is not wrapped twice; nor is profkit's own
+admin endpoint (``add_trigger_route``), never a root call."""
+
+#: the environment variable ``add_trigger_route`` reads its token from, when not given one
+TOKEN_ENV = "PROFKIT_TRIGGER_TOKEN"
+#: the most root calls one request to the trigger route may ask for
+MAX_TRIGGER_N = 100
+_MAX_LABEL = 200
 
 
 def instrument_app(
@@ -98,3 +114,94 @@ def _label(path: str, dependant: Any, attributes: Mapping[str, Any] | None) -> b
     _WRAPPERS[id(wrapper)] = wrapper
     dependant.call = wrapper
     return True
+
+
+class _TriggerBody(BaseModel):
+    """The JSON body of a trigger request; each field given here wins over the query's."""
+
+    n: int = Field(1, ge=1, le=MAX_TRIGGER_N, strict=True)  # strict: not true, nor 2.0
+    label: str | None = Field(None, min_length=1, max_length=_MAX_LABEL)
+
+
+def add_trigger_route(
+    app: FastAPI,
+    *,
+    token: str | None = None,
+    path: str = "/profkit/trigger",
+    include_in_schema: bool = False,
+) -> None:
+    """Mount ``POST <path>``: profile the next ``n`` root calls (of ``label``) on request.
+
+    ``n`` (1 to :data:`MAX_TRIGGER_N`, default 1) and ``label`` come as query parameters or
+    as a JSON body (``{"n": 3, "label": "/predict"}``); the answer is
+    ``{"triggered": n, "label": label}``. A request must carry ``Authorization: Bearer
+    <token>`` (compared in constant time): without it, or with another, the answer is 401
+    before the parameters or the body are looked at; a bad ``n`` is 422; 503 while profkit is
+    not configured.
+    The route is not listed in the OpenAPI schema unless ``include_in_schema``, and is never
+    a root call itself (``instrument_app`` leaves it alone).
+
+    Args:
+        app: The FastAPI application.
+        token: The shared secret; None reads ``PROFKIT_TRIGGER_TOKEN`` (now, once).
+        path: Where to mount the route.
+        include_in_schema: List the route in ``/openapi.json`` and ``/docs``.
+
+    Raises:
+        ValueError: no token (neither given nor in ``PROFKIT_TRIGGER_TOKEN``), or a blank one:
+            an admin route is never mounted open.
+    """
+    secret = token if token is not None else os.environ.get(TOKEN_ENV, "")
+    if not isinstance(secret, str) or not secret.strip():
+        raise ValueError(
+            f"add_trigger_route needs a token (token= or {TOKEN_ENV}): "
+            "profkit does not mount an admin route anyone may call"
+        )
+    expected = secret.strip().encode()
+
+    def authorized(authorization: Annotated[str | None, Header()] = None) -> None:
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise HTTPException(
+                status_code=401,
+                detail="profkit trigger: a valid bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    async def profkit_trigger(
+        request: Request,
+        n: Annotated[int, Query(ge=1, le=MAX_TRIGGER_N)] = 1,
+        label: Annotated[str | None, Query(min_length=1, max_length=_MAX_LABEL)] = None,
+    ) -> dict[str, Any]:
+        # the body is read here, after the token was checked (a Body() parameter is parsed
+        # before any dependency runs: a caller without the token would get its 422s)
+        body = await _read_body(request)
+        if body is not None:
+            n = body.n if "n" in body.model_fields_set else n
+            label = body.label if "label" in body.model_fields_set else label
+        if _global.get_session() is None:
+            raise HTTPException(status_code=503, detail="profkit is not configured")
+        _global.trigger(n, label=label)
+        return {"triggered": n, "label": label}
+
+    _WRAPPERS[id(profkit_trigger)] = profkit_trigger  # instrument_app: not a root call
+    app.add_api_route(
+        path,
+        profkit_trigger,
+        methods=["POST"],
+        dependencies=[Depends(authorized)],
+        include_in_schema=include_in_schema,
+        name="profkit_trigger",
+    )
+
+
+async def _read_body(request: Request) -> _TriggerBody | None:
+    """The request's JSON body, or None when it has none; a bad one is FastAPI's 422."""
+    raw = await request.body()
+    if not raw.strip():
+        return None
+    try:
+        return _TriggerBody.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])

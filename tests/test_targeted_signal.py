@@ -1,0 +1,334 @@
+"""trigger_signal: a signal makes the process profile its next root call.
+
+A signal handler is process-wide, so the end-to-end tests run in a fresh interpreter
+(tests/fresh_interpreter.py); the settings' checks and the lock-free counter run here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from fresh_interpreter import run_fresh
+
+import profkit
+from profkit import ProfkitConfigWarning
+from profkit._sampling import Triggered
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+
+#: the body's helpers: a capture exporter, the policies it got, and a wait for a signal
+#: sent by another process (delivered asynchronously)
+HELPERS = """
+import signal, subprocess
+cap = CaptureExporter()
+SETTINGS = dict(sample_every=10**9, exporters=(), extra_exporters=(cap,), max_per_minute=None)
+
+def policies():
+    assert profkit.force_flush(30.0)
+    return [c.policy for c in cap.calls]
+
+def handler_name(signum=signal.SIGUSR1):
+    h = signal.getsignal(signum)
+    return h.name if isinstance(h, signal.Handlers) else getattr(h, "__name__", repr(h))
+
+def wait_for_trigger():
+    from profkit._global import get_session
+    deadline = time.monotonic() + 10.0
+    while not get_session().triggered.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def _fresh(body: str) -> dict[str, object]:
+    code, report, stderr = run_fresh(HELPERS + textwrap.dedent(body))
+    assert (0, True) == (code, bool(report)), stderr[-3000:]
+    return report
+
+
+@pytest.fixture
+def usr1_default() -> Iterator[None]:
+    """In-process tests leave SIGUSR1 as they found it."""
+    before = signal.getsignal(signal.SIGUSR1)
+    yield
+    profkit.shutdown(2.0)
+    signal.signal(signal.SIGUSR1, before)
+
+
+def test_signal_profiles_the_next_root_call_only() -> None:
+    """A signal from the process itself or from `kill -USR1 <pid>` profiles one call each."""
+    report = _fresh(
+        """
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        installed = handler_name()
+        f()                                   # call 0: the sampler's own pick
+        f()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        f()                                   # triggered
+        f()                                   # not
+        subprocess.run(["kill", "-USR1", str(os.getpid())], check=True)
+        wait_for_trigger()
+        f()                                   # triggered
+        f()                                   # not
+        got = policies()
+        roots = profkit.stats()["root_calls"]
+        profkit.shutdown()
+        report(policies=got, roots=roots, installed=installed, after=handler_name())
+        """
+    )
+    assert ["every:1000000000", "trigger", "trigger"] == report["policies"]
+    assert 6 == report["roots"]
+    assert "SIG_DFL" != report["installed"]
+    assert "SIG_DFL" == report["after"]
+
+
+def test_a_previous_handler_is_chained_then_restored() -> None:
+    """The application's own handler still runs (once, also after a re-configure), and its
+    exception is the application's; shutdown puts it back."""
+    report = _fresh(
+        """
+        seen = []
+        def mine(signum, frame):
+            seen.append(signum)
+            if len(seen) == 3:
+                raise RuntimeError("the application's own")
+        signal.signal(signal.SIGUSR1, mine)
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        f()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        f()                                   # triggered; mine ran once
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)  # same signal again
+        f()                                   # the new session's call 0
+        os.kill(os.getpid(), signal.SIGUSR1)
+        f()                                   # triggered; mine ran once more, not twice
+        f()
+        raised = None
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)
+        except RuntimeError as exc:
+            raised = str(exc)
+        f()                                   # triggered before mine raised
+        got = policies()
+        profkit.shutdown()
+        report(policies=got, seen=len(seen), raised=raised, after=handler_name(),
+               errors=profkit.stats()["errors"])
+        """
+    )
+    expected = ["every:1000000000", "trigger"] * 2 + ["trigger"]  # two sessions: any order
+    assert sorted(expected) == sorted(report["policies"])
+    assert 3 == report["seen"]
+    assert "the application's own" == report["raised"]
+    assert "mine" == report["after"]
+    assert 0 == report["errors"]
+
+
+def test_reconfigure_switches_and_restores_signals() -> None:
+    """trigger_signal=None restores the previous handler; another signal moves the handler."""
+    report = _fresh(
+        """
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        one = handler_name()
+        profkit.configure(trigger_signal="SIGUSR2", **SETTINGS)
+        two = (handler_name(), handler_name(signal.SIGUSR2))
+        profkit.configure(trigger_signal=None, **SETTINGS)
+        off = (handler_name(), handler_name(signal.SIGUSR2))
+        profkit.configure(trigger_signal="SIGUSR2", **SETTINGS)
+        def theirs(signum, frame):
+            pass
+        signal.signal(signal.SIGUSR2, theirs)  # the application replaced profkit's handler
+        profkit.shutdown()
+        report(one=one, two=two, off=off, kept=handler_name(signal.SIGUSR2))
+        """
+    )
+    default = "SIG_DFL"
+    assert default != report["one"]
+    assert [default, report["one"]] == report["two"]
+    assert [default, default] == report["off"]
+    assert "theirs" == report["kept"]  # not profkit's any more: left alone
+
+
+def test_configure_off_the_main_thread_counts_an_error_and_does_not_raise() -> None:
+    """signal.signal() works only on the main thread: configure() there is not broken by it."""
+    report = _fresh(
+        """
+        import threading
+        out = {}
+        def configure():
+            out["config"] = profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        t = threading.Thread(target=configure)
+        t.start(); t.join()
+        stats = profkit.stats()
+        f()
+        f()
+        got = policies()
+        report(configured="config" in out, installed=handler_name(),
+               reasons=stats["error_reasons"], policies=got)
+        """
+    )
+    assert report["configured"] is True
+    assert "SIG_DFL" == report["installed"]
+    assert {"trigger_signal": 1} == report["reasons"]
+    assert ["every:1000000000"] == report["policies"]
+
+
+def test_shutdown_off_the_main_thread_leaves_an_inert_handler() -> None:
+    """A handler that cannot be removed does nothing; the next configure() takes it back."""
+    report = _fresh(
+        """
+        import threading
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        t = threading.Thread(target=profkit.shutdown)
+        t.start(); t.join()
+        stuck = handler_name()
+        os.kill(os.getpid(), signal.SIGUSR1)  # no session: nothing happens, nothing raises
+        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
+        f()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        f()
+        got = policies()
+        profkit.shutdown()
+        report(stuck=stuck, policies=got, after=handler_name())
+        """
+    )
+    assert "SIG_DFL" != report["stuck"]
+    assert ["every:1000000000", "trigger"] == report["policies"]
+    assert "SIG_DFL" == report["after"]
+
+
+@pytest.mark.parametrize("name", ["SIGNOPE", "usr1", "SIGUSR1 ", "SIGKILL", "SIGSTOP", 10])
+def test_invalid_signal_name_is_a_value_error(name: object) -> None:
+    """configure() refuses a name that is not a signal it can catch, naming the setting."""
+    with pytest.raises(ValueError, match="trigger_signal"):
+        profkit.configure(trigger_signal=name)  # type: ignore[arg-type]
+    assert profkit.get_config() is None
+
+
+def test_bad_env_var_warns_and_installs_nothing(
+    monkeypatch: pytest.MonkeyPatch, usr1_default: None
+) -> None:
+    """A malformed PROFKIT_TRIGGER_SIGNAL warns and falls back to no signal."""
+    monkeypatch.setenv("PROFKIT_TRIGGER_SIGNAL", "SIGNOPE")
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.warns(ProfkitConfigWarning, match="PROFKIT_TRIGGER_SIGNAL"):
+        config = profkit.configure(exporters=())
+    assert config.trigger_signal is None
+    assert before == signal.getsignal(signal.SIGUSR1)
+
+
+def test_env_var_installs_the_handler_and_shutdown_removes_it(
+    monkeypatch: pytest.MonkeyPatch, usr1_default: None
+) -> None:
+    """PROFKIT_TRIGGER_SIGNAL=SIGUSR1 installs it; shutdown() puts back what was there."""
+    monkeypatch.setenv("PROFKIT_TRIGGER_SIGNAL", "SIGUSR1")
+    before = signal.getsignal(signal.SIGUSR1)
+    config = profkit.configure(exporters=())
+    assert "SIGUSR1" == config.trigger_signal
+    assert before != signal.getsignal(signal.SIGUSR1)
+    profkit.shutdown()
+    assert before == signal.getsignal(signal.SIGUSR1)
+
+
+def test_enabled_false_installs_nothing(usr1_default: None) -> None:
+    """A disabled profkit has no side effects: no handler either."""
+    before = signal.getsignal(signal.SIGUSR1)
+    profkit.configure(enabled=False, trigger_signal="SIGUSR1", exporters=())
+    assert before == signal.getsignal(signal.SIGUSR1)
+
+
+# -- the counter a handler bumps: no lock -------------------------------------------------
+
+
+def test_signalled_needs_no_lock() -> None:
+    """A handler can run while its own thread holds Triggered's lock (it runs between two
+    bytecodes of whatever the main thread was doing): signalled() must not wait for it."""
+    t = Triggered()
+    done = threading.Event()
+
+    def in_handler() -> None:
+        t.signalled()
+        done.set()
+
+    with t._lock:  # what take() or add() may hold when the signal lands
+        runner = threading.Thread(target=in_handler, daemon=True)
+        runner.start()
+        assert done.wait(5.0), "signalled() waited for the lock"
+    assert [True, False] == [t.take("any"), t.take("any")]
+    assert 0 == t.pending
+
+
+@pytest.mark.timeout(60)
+def test_signals_landing_inside_take_are_neither_lost_nor_deadlocked() -> None:
+    """Signals sent from another thread land wherever the main thread is, inside take() and
+    add() holding the lock too; every handled signal is taken exactly once, nothing hangs."""
+    t = Triggered()
+    handled = [0]
+    taken = [0, 0]
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        handled[0] += 1
+        t.signalled()
+
+    def sender() -> None:
+        for _ in range(1000):
+            if stop.is_set():
+                return
+            os.kill(os.getpid(), signal.SIGUSR2)
+            taken[1] += t.take("x")  # another thread takes them too
+            time.sleep(0.0002)
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    thread = threading.Thread(target=sender, daemon=True)
+    labelled = 0
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)  # the sender gets the GIL back soon after each sleep
+    try:
+        thread.start()
+        while thread.is_alive():
+            t.add(1, label="y")  # the lock, from the main thread
+            labelled += 1
+            taken[0] += t.take("x")
+        thread.join(10.0)
+        time.sleep(0.05)  # a last signal in flight
+    finally:
+        stop.set()
+        thread.join(10.0)  # no signal may arrive once the default action (exit) is back
+        signal.signal(signal.SIGUSR2, previous)
+        sys.setswitchinterval(interval)
+    while t.take("x"):
+        taken[0] += 1
+    assert handled[0] > 100  # the test did exercise the handler
+    assert handled[0] == sum(taken)
+    assert labelled == sum(t.take("y") for _ in range(labelled))
+    assert (False, 0) == (t.take("y"), t.pending)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_signal_landing_after_any_drain_is_not_lost(at: int) -> None:
+    """A handler that runs right after either drain of take() (the main thread was inside
+    take(), holding the lock; the second drain comes after take() stored what is left): its
+    trigger is still there for the next call."""
+    t = Triggered()
+    t.add(1, label="a")
+    real = t._drain
+    drains = [0]
+
+    def drain_then_signal() -> int:
+        n = real()
+        drains[0] += 1
+        if drains[0] == at:
+            t.signalled()  # between two bytecodes, just after the drain
+        return n
+
+    t._drain = drain_then_signal  # type: ignore[method-assign]
+    assert t.take("a")
+    assert drains[0] >= at  # the signal did land
+    assert [True, False] == [t.take("b"), t.take("b")], f"lost after drain {at}"
+    assert 0 == t.pending
