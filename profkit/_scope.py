@@ -173,12 +173,12 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
         raise
 
 
-def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:
+def _abort_root(call: CallRecord | int | None, session: Any, error: BaseException | None) -> None:
     """Undo a root call whose entry was interrupted, from what the frame says happened."""
     frame = FRAME.get()
     FRAME.set(None)
-    if call is None and isinstance(frame, Active):
-        call = frame.call
+    if not isinstance(call, CallRecord):  # None, or an int: a timed call (nothing to undo)
+        call = frame.call if isinstance(frame, Active) else None
     if call is not None:
         _end_root(session, call, error)
 
