@@ -22,6 +22,7 @@ from ._overhead import CpuMeter
 __all__ = ["Stats", "StatsSnapshot", "foreign", "guard", "log"]
 
 log = logging.getLogger("profkit")
+_REFUSED = ("skipped_backlog", "skipped_budget", "skipped_rate_limit")
 
 #: re-raise internal errors instead of swallowing them (set by profkit's test suite)
 raise_internal = False
@@ -83,6 +84,9 @@ class Stats:
         self.roots = itertools.count()
         #: root calls in unsampled traces, lock-free for the same reason
         self.unsampled_traces = itertools.count()
+        #: sampled decisions the gate turned away, by reason, lock-free (at sample_every=1
+        #: over the budget, that is every call)
+        self.refused = {name: itertools.count() for name in _REFUSED}
         self._counts: Counter[str] = Counter()
         self.dropped_reasons: Counter[str] = Counter()
         self.error_reasons: Counter[str] = Counter()
@@ -151,10 +155,10 @@ class Stats:
             dropped=counts.get("dropped", 0),
             skipped_busy=counts.get("skipped_busy", 0),
             skipped_foreign=counts.get("skipped_foreign", 0),
-            skipped_rate_limit=counts.get("skipped_rate_limit", 0),
+            skipped_rate_limit=_peek(self.refused["skipped_rate_limit"]),
             skipped_unsampled_trace=_peek(self.unsampled_traces),
-            skipped_backlog=counts.get("skipped_backlog", 0),
-            skipped_budget=counts.get("skipped_budget", 0),
+            skipped_backlog=_peek(self.refused["skipped_backlog"]),
+            skipped_budget=_peek(self.refused["skipped_budget"]),
             warmup_calls=warmup,
             speculative=counts.get("speculative", 0),
             speculative_released=counts.get("speculative_released", 0),

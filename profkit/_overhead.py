@@ -10,8 +10,9 @@ The share is that CPU time over the process's (``time.process_time``: every thre
 last 9-10 seconds: checkpoints are taken at most once a second and the oldest of the last
 ten is the interval's start. What is not charged, because it cannot be told apart from the
 host's own work: the off-sample cost of each root call (well under a microsecond; see
-docs/performance.md), the profiler's per-op recording inside a sampled call, and the span
-processor's own export thread.
+docs/performance.md), the root call's own ``record_function`` ranges, and the span
+processor's own export thread. The profiler's per-op recording on the sampled thread is
+charged as the window's event count times a per-event cost measured once per process.
 """
 
 from __future__ import annotations
