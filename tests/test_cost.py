@@ -181,6 +181,7 @@ def test_refused_calls_use_up_no_rate_cap_token(monkeypatch: pytest.MonkeyPatch)
         for _ in range(5):
             predict(X)
         monkeypatch.setattr(session.stats.cpu, "share", lambda: 0.0)
+        time.sleep(0.02)  # an over-budget verdict stands 10 ms before the share is read again
         for _ in range(5):
             predict(X)
     s = cap.stats
