@@ -26,6 +26,7 @@ from ._model import CodeInfo
 from ._scope import FRAME, OFF, Active, Stepped, enter, exit_, sync_call
 
 _get_frame = FRAME.get
+_set_frame = FRAME.set
 
 __all__ = ["profiled", "region"]
 
@@ -318,6 +319,13 @@ class region:
         if entered is None and not self._outer:
             return
         self._entered = self._outer.pop() if self._outer else None
+        if entered is OFF:  # an unsampled root call ends: exit_'s first case, inlined
+            try:
+                _set_frame(None)
+            except BaseException:  # a signal's exception landed before the set: once more
+                _set_frame(None)
+                raise
+            return
         try:  # exit_twice, inlined: a frame less on every off-sample region
             exit_(entered, exc)
         except BaseException:
