@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick --no-write   # print only
 
 Each section runs in its own fresh interpreter (``bench/<section>.py --json``): overhead,
-sampled, first_call, export, e2e. The markdown goes to stdout, to ``bench/out/results.md``
+sampled, first_call, export, slow, e2e. The markdown goes to stdout, to ``bench/out/results.md``
 (raw numbers in ``bench/out/results.json``) and into ``docs/performance.md`` between the
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers. Numbers are medians with their
 interquartile range over repeats; the load average before and after each section is recorded,
@@ -33,7 +33,7 @@ OUT = HERE / "out"
 DOC = ROOT / "docs" / "performance.md"
 START = "<!-- bench:start -->"
 END = "<!-- bench:end -->"
-SECTIONS = ("overhead", "sampled", "first_call", "export", "e2e")
+SECTIONS = ("overhead", "sampled", "first_call", "export", "slow", "e2e")
 
 #: what each target means, for the summary table
 TARGETS = {
@@ -146,6 +146,7 @@ def render(results: dict[str, dict[str, Any]], quick: bool, total_s: float) -> s
         "sampled": "Sampled call: the request path",
         "first_call": "First sampled call after configure() (fresh processes)",
         "export": "Export pipeline",
+        "slow": "Slow-call capture",
         "e2e": "End to end (uvicorn + FastAPI)",
     }
     for name, result in results.items():

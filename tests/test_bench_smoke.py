@@ -33,6 +33,9 @@ def test_bench_quick_run_prints_every_table() -> None:
         "### First sampled call after configure() (fresh processes)",
         "### Export pipeline",
         "| 10k |",
+        "### Slow-call capture",
+        "| capture_slow on, no cap |",
+        "| profiled, off-sample root, capture_slow on |",
         "### End to end (uvicorn + FastAPI)",
         "| without profkit |",
     ):
