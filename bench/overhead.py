@@ -132,9 +132,7 @@ def measure(quick: bool) -> dict[str, Any]:
             diffs(raw["nested_region"], raw["nested_bare"])
         ),
         "raw record_function (no profiler)": spread(added_rf),
-        "profiled, off-sample root, capture_slow on": spread(
-            diffs(slow["profiled"], slow["bare"])
-        ),
+        "profiled, off-sample root, capture_slow on": spread(diffs(slow["profiled"], slow["bare"])),
     }
     ratio = spread([p / r for p, r in zip(added_prof, added_rf, strict=True)])
     return {

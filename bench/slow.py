@@ -1,10 +1,10 @@
 """What slow-call capture (``capture_slow``) costs, and how many of the slow calls it finds.
 
-A handler of about 2 ms of CPU on one thread (Linear 256-1024-256 on 64 rows, twice); about one call in 20
-runs the forward twenty times instead (a slow request, ~10x). The same seeded sequence of
-calls runs under each variant, interleaved in rounds, and each round is charged with the
-process's CPU time (``time.process_time``: the request thread, the export worker and the
-exporters) per call, the worker flushed inside the round:
+A handler of about 2 ms of CPU on one thread (Linear 256-1024-256 on 64 rows, twice);
+about one call in 20 runs the forward twenty times instead (a slow request, ~10x). The same
+seeded sequence of calls runs under each variant, interleaved in rounds, and each round is
+charged with the process's CPU time (``time.process_time``: the request thread, the export
+worker and the exporters) per call, the worker flushed inside the round:
 
 * ``capture_slow off``: ``sample_every=10**9`` (after its first call, nothing is profiled);
 * ``capture_slow on, no cap``: speculative windows back to back (``max_per_minute=None``):
