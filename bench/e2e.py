@@ -16,7 +16,13 @@ Targets: throughput at 1-in-100 (no cap) at least 97% of ``off`` (stretch: 98%),
 1-in-1 with a 1% budget at least 97%. A last table sets the overhead profkit reports
 (``stats()["overhead"]``) beside the overhead the throughput shows.
 
-    .venv/bin/python bench/e2e.py [--quick] [--json]
+    .venv/bin/python bench/e2e.py [--quick] [--json] [--base <commit>]
+
+``--base <commit>`` also serves 1-in-100 and 1-in-10 with that commit's profkit (a worktree,
+as ``bench/compare.py`` makes), in the same interleaved rounds: before and after in one run.
+The ``defaults`` server is warmed with 7,000 requests, which drain its 60-window bucket;
+while it idles during the other variants' rounds it earns about one window a second back,
+so its rounds still see several times the steady state's one window a second.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ LIMIT_RATIO = 0.97  # issue 14 (stretch: 0.98)
 #: the budget variant: every call sampled, profkit keeps itself to 1% of the server's CPU
 BUDGET = "1@0.01"
 LIMIT_BUDGET_RATIO = 0.97
+#: warm-up requests of the defaults variant: at 1-in-100, more than its 60-window bucket
+DRAIN = 7000
 BODY = b'{"rows": 32}'
 REQUEST = (
     b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -59,10 +67,15 @@ def _free_port() -> int:
 class Server:
     """One uvicorn process serving ``e2e_server:app`` in one variant."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, base: Path | None = None) -> None:
         self.mode = mode
         self.port = _free_port()
         env = dict(os.environ, BENCH_PROFKIT=mode, PYTHONDONTWRITEBYTECODE="1")
+        cwd = None
+        if mode.startswith("base:") and base is not None:
+            # the older commit's profkit: first on the path (``-m`` puts the cwd there)
+            env["PYTHONPATH"] = str(base)
+            cwd = str(base)
         # a file, not a pipe: kineto writes two lines per window to stderr, and a pipe that
         # nobody drains fills up and blocks the server in write()
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
@@ -83,6 +96,7 @@ class Server:
                 "--no-access-log",
             ],
             env=env,
+            cwd=cwd,
             stdout=subprocess.DEVNULL,
             stderr=self.log,
         )
@@ -154,11 +168,11 @@ async def _drive(port: int, requests: int) -> tuple[float, list[float]]:
 
 
 @contextlib.contextmanager
-def servers(modes: list[str]) -> Iterator[dict[str, Server]]:
+def servers(modes: list[str], base: Path | None = None) -> Iterator[dict[str, Server]]:
     started: dict[str, Server] = {}
     try:
         for mode in modes:
-            started[mode] = Server(mode)
+            started[mode] = Server(mode, base)
         for server in started.values():
             server.wait_ready()
         yield started
@@ -172,15 +186,24 @@ def _pct(values: list[float], q: float) -> float:
     return data[min(len(data) - 1, int(q * len(data)))]
 
 
-def measure(quick: bool) -> dict[str, Any]:
+def measure(quick: bool, base: str | None = None) -> dict[str, Any]:
     modes = ["off", "100", BUDGET] if quick else ["off", "100", "defaults", "10", "1", BUDGET]
+    base_path = None
+    if base:  # before/after in one run: the same variants served by an older commit
+        from compare import base_tree
+
+        base, base_path = base_tree(base)
+        modes += ["base:100", "base:10"]
     rounds, per_round, warm = (1, 80, 20) if quick else (10, 500, 200)
     rng = random.Random(5)
     rps: dict[str, list[float]] = {m: [] for m in modes}
     lat: dict[str, list[float]] = {m: [] for m in modes}
-    with servers(modes) as running:
+    with servers(modes, base_path) as running:
         for mode in modes:  # warm every server (and take the first windows) before measuring
-            asyncio.run(_drive(running[mode].port, warm))
+            # the defaults' rate cap is a bucket that starts full (60 windows): drained here,
+            # else the measured rounds would see a start-up burst, not the steady state
+            n = DRAIN if mode == "defaults" and not quick else warm
+            asyncio.run(_drive(running[mode].port, n))
         warm_stats = {m: running[m].stats() for m in modes}
         for _ in range(rounds):
             order = list(modes)
@@ -197,6 +220,9 @@ def measure(quick: bool) -> dict[str, Any]:
         st = dict(stats[mode])
         skip = len(warm_stats[mode]["gc"]["full_pauses_ms"])
         gc_full = st.pop("gc")["full_pauses_ms"][skip:]  # those during the measured rounds
+        for key, value in warm_stats[mode].items():  # counters: the measured rounds only
+            if isinstance(value, int) and key in st:
+                st[key] -= value
         # server time one window costs, from throughput: 1/rps = 1/off_rps + w * cost
         per_request = st["windows"] / st["root_calls"] if st.get("root_calls") else 0.0
         extra_s = 1 / spread(rps[mode]).median - 1 / off_rps
@@ -207,7 +233,7 @@ def measure(quick: bool) -> dict[str, Any]:
             "pooled_ratio": pooled,
             # what profkit says it costs (its CPU share over the server's last ~10 s) and
             # what the throughput says: 1 - (throughput / throughput without profkit)
-            "reported_overhead": st.get("overhead", 0.0),
+            "reported_overhead": st.get("overhead"),  # None: a base commit without it
             "measured_overhead": 1.0 - pooled,
             "window_cost_ms": extra_s / per_request * 1000 if per_request else 0.0,
             "windows_per_request": per_request,
@@ -225,6 +251,7 @@ def measure(quick: bool) -> dict[str, Any]:
     budget_ratio = rows[BUDGET]["pooled_ratio"]
     return {
         "section": "e2e",
+        "base": base,
         "machine": machine(),
         "clients": CLIENTS,
         "rounds": rounds,
@@ -252,6 +279,8 @@ LABELS = {
     "10": "1-in-10",
     "1": "1-in-1",
     BUDGET: "1-in-1, max_overhead=0.01",
+    "base:100": "1-in-100 (no cap), the base commit's profkit",
+    "base:10": "1-in-10, the base commit's profkit",
 }
 
 
@@ -289,12 +318,18 @@ def render(result: dict[str, Any]) -> str:
     ]
     for mode, r in result["rows"].items():
         if mode != "off":
-            lines.append(
-                f"| {LABELS[mode]} | {r['reported_overhead']:.3f} | {r['measured_overhead']:.3f} |"
-            )
+            said = r["reported_overhead"]
+            shown = "-" if said is None else f"{said:.3f}"
+            lines.append(f"| {LABELS[mode]} | {shown} | {r['measured_overhead']:.3f} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
+    if "--base" in sys.argv:  # e2e.py --base <commit>: also serve that commit's profkit
+        at = sys.argv.index("--base")
+        base_arg: str | None = sys.argv[at + 1]
+        del sys.argv[at : at + 2]
+    else:
+        base_arg = None
     args = parse_args(__doc__ or "")
-    emit(measure(args.quick), args.json, render)
+    emit(measure(args.quick, base_arg), args.json, render)

@@ -33,7 +33,9 @@ import torch
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-MODE = os.environ.get("BENCH_PROFKIT", "off")
+#: "base:<mode>" is the same mode served by the profkit that PYTHONPATH points to (e2e.py
+#: --base: an older commit's tree), which may lack newer settings
+MODE = os.environ.get("BENCH_PROFKIT", "off").removeprefix("base:")
 
 if MODE == "off":
 
@@ -45,6 +47,8 @@ if MODE == "off":
 
 else:
     import profkit
+
+    PROFKIT_FROM = profkit.__file__
 
     profiled = profkit.profiled
     region = profkit.region
@@ -87,10 +91,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         else:
             rest, _, budget = MODE.partition("@")
             every, _, cap = rest.partition("/")
+            extra = {"max_overhead": float(budget)} if budget else {}
             profkit.configure(
                 sample_every=int(every),
                 max_per_minute=float(cap) if cap else None,
-                max_overhead=float(budget) if budget else None,
+                **extra,
                 **quiet_exporter_settings(),
             )
     try:
@@ -121,4 +126,4 @@ async def stats() -> dict[str, Any]:
     if MODE == "off":
         return {"gc": gc_stats}
     profkit.force_flush(5.0)
-    return {**profkit.stats(), "gc": gc_stats}
+    return {**profkit.stats(), "gc": gc_stats, "profkit_from": PROFKIT_FROM}
