@@ -120,7 +120,7 @@ class Session:
         span: Any = otel.get(_SPAN_KEY) if otel else None  # trace.get_current_span(), minus ~250 ns
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if held is not None and held.window.owner == threading.get_ident():
-            call = self._on_own_thread(held.owner, held.window, parent, label)
+            call = self._on_own_thread(held.owner, held.window, parent, label, otel)
             if call is not None:
                 return call
         # the sampled bit first: one int operation on the usual path (a sampled trace)
@@ -139,9 +139,12 @@ class Session:
         return self.keeper.open(policy, parent) if self._gate.admits() else None
 
     def _on_own_thread(
-        self, owner: WindowOwner, win: Window, parent: SpanContext | None, label: str
+        self, owner: WindowOwner, win: Window, parent: SpanContext | None, label: str, otel: Any
     ) -> CallRecord | None:
-        """A root call on the thread of the open window: a checkpoint, then join it or not."""
+        """A root call on the thread of the open window: a checkpoint, then join it or not.
+
+        A speculative window keeps a call that a trigger or the baggage asks for as such
+        (exported, never judged), like the window it would have had otherwise."""
         if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
             SLOT.vacate(win)
         elif time.monotonic() > win.deadline:
@@ -152,9 +155,13 @@ class Session:
             if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
                 return None  # an unsampled trace does not join (counted by the caller)
             policy = "window"
-            if win.speculative:  # a trigger still applies to a call that joins one
-                trig = self.triggered.pending and self.triggered.take(label)
-                policy = "trigger" if trig else "speculative"
+            if win.speculative:
+                if self.triggered.pending and self.triggered.take(label):
+                    policy = "trigger"
+                elif self._baggage and otel and asks_to_profile(otel):
+                    policy = "baggage"
+                else:
+                    policy = "speculative"
             return self.keeper.join(win, policy, parent)
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
             owner.close_window(win)
