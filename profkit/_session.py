@@ -127,7 +127,10 @@ class Session:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self.triggered.pending and not self.pipeline.full() and self.triggered.take(label):
+        # a trigger waits while another thread's window holds the slot: spent on this call,
+        # it would profile nothing (skipped_busy); the next call that can have a window takes it
+        trig = self.triggered
+        if trig.pending and SLOT.held is None and not self.pipeline.full() and trig.take(label):
             return self.keeper.open("trigger", parent)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
             policy = "baggage"
@@ -179,7 +182,7 @@ class Session:
             return None
         if spec.rest:
             spec.rest -= 1
-        elif spec.want(label):
+        elif SLOT.held is None and spec.want(label):  # a window elsewhere: no token spent
             call = self.keeper.open("speculative", parent, spec.calls)
             if call is not None:
                 return call
