@@ -26,9 +26,9 @@ from ._pipeline import ExportPipeline
 from ._processing import Processor
 from ._records import CallRecord
 from ._sampling import EveryN, Sampler, TraceIdRatio, Triggered
-from ._slot import SLOT, WindowOwner
+from ._slot import SLOT, Held
 from ._slow import LatencyBook, Speculation, Timed
-from ._window import Window, make_profiler, prime
+from ._window import make_profiler, prime
 
 __all__ = ["Session", "make_sampler"]
 
@@ -106,13 +106,15 @@ class Session:
 
     # -- request path -----------------------------------------------------------------------
 
-    def begin_root(self, label: str) -> CallRecord | int | None:
+    def begin_root(self, label: str, speculate: bool = True) -> CallRecord | int | None:
         """Count a root call and decide whether it runs under the profiler.
 
         A call inside a trace that was not sampled is not profiled (its spans would never be
         exported): it is counted as ``skipped_unsampled_trace`` before the sampler, a
         trigger or an open window sees it, so it uses up none of them. A call whose baggage
-        asks for a profile (``baggage_trigger``) skips the sampler, not the gate.
+        asks for a profile (``baggage_trigger``) skips the sampler, not the gate. A root
+        that cannot be judged (``speculate=False``: a generator, whose first yield stops a
+        thread-local window) is neither timed nor speculative.
         """
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
@@ -120,7 +122,7 @@ class Session:
         span: Any = otel.get(_SPAN_KEY) if otel else None  # trace.get_current_span(), minus ~250 ns
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if held is not None and held.window.owner == threading.get_ident():
-            call = self._on_own_thread(held.owner, held.window, parent, label, otel)
+            call = self._on_own_thread(held, parent, label, otel, speculate)
             if call is not None:
                 return call
         # the sampled bit first: one int operation on the usual path (a sampled trace)
@@ -137,17 +139,20 @@ class Session:
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
-                return None if self._book is None else self._unprofiled(label, parent)
+                if self._book is None or not speculate:
+                    return None
+                return self._unprofiled(label, parent)
             policy = self._sampler.description
         return self.keeper.open(policy, parent) if self._gate.admits() else None
 
     def _on_own_thread(
-        self, owner: WindowOwner, win: Window, parent: SpanContext | None, label: str, otel: Any
+        self, held: Held, parent: SpanContext | None, label: str, otel: Any, speculate: bool
     ) -> CallRecord | None:
         """A root call on the thread of the open window: a checkpoint, then join it or not.
 
         A speculative window keeps a call that a trigger or the baggage asks for as such
         (exported, never judged), like the window it would have had otherwise."""
+        owner, win = held
         if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
             SLOT.vacate(win)
         elif time.monotonic() > win.deadline:
@@ -163,8 +168,10 @@ class Session:
                     policy = "trigger"
                 elif self._baggage and otel and asks_to_profile(otel):
                     policy = "baggage"
-                else:
+                elif speculate:
                     policy = "speculative"
+                else:  # a generator: its first yield would cut the window short
+                    return None
             return self.keeper.join(win, policy, parent)
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
             owner.close_window(win)

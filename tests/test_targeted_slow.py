@@ -256,3 +256,27 @@ def test_a_slow_call_cut_short_by_max_window_s_is_kept() -> None:
     s = cap.stats
     assert (2, 1) == (s["speculative"], s["speculative_released"])
     assert s["sampled"] == s["exported"] == 2
+
+
+def test_generator_roots_are_not_speculated() -> None:
+    """A sync generator root's thread-local window stops at its first yield, so a speculative
+    one could never keep it: generator roots open no speculative window, and join none."""
+
+    @profkit.profiled("stream")
+    def stream(n: int) -> Iterator[int]:
+        yield from range(n)
+
+    with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0, exporters=()):
+        for _ in range(40):  # the first one is the sampler's pick
+            assert [0, 1, 2] == list(stream(3))
+        _open_speculative_window()
+        held = SLOT.held
+        assert held is not None
+        joined = len(held.window.calls)
+        for _ in range(5):  # would cut the speculative window short at their first yield
+            assert [0, 1, 2] == list(stream(3))
+        assert SLOT.held is held
+        assert joined == len(held.window.calls)
+    stats = profkit.stats()
+    assert 2 == stats["windows"], stats  # the sampler's pick, and quick's speculative window
+    assert joined == stats["speculative"] == stats["speculative_released"]
