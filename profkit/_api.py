@@ -87,7 +87,7 @@ def _make_wrapper(
     if kind == "gen":
 
         def gen_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            return drive(wrapped(*args, **kwargs), Stepped(label, attrs, code), final=True)
+            return drive(wrapped(*args, **kwargs), Stepped(label, attrs, code, False), final=True)
 
         return gen_wrapper
     if kind == "asyncgen":

@@ -39,14 +39,16 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Callable[[
     holds the GIL while it summarises) does not count: otherwise a fast call that ran while
     the worker summarised a slow one would look slow, and its window would keep the worker
     busy in turn. The call that opened the window is never kept: right after a start the
-    profiler's own threads stall about one first call in five by 1-5 ms (torch 2.13, CPU)."""
+    profiler's own threads stall about one first call in five by 1-5 ms (torch 2.13, CPU).
+    A call still running when its window is cut short is judged on its time until the cut:
+    the slowest calls are the ones that outlast a window (``max_window_s``)."""
     label = call.scopes[0].label if call.scopes else ""
     call.unsampled_p50_ms = book.p50_ms(label)
     if call.policy != "speculative":
         return
     root = call.scopes[0] if call.scopes else None
     limit = None
-    if root is not None and call.index > 0 and call.truncated is None:
+    if root is not None and call.index > 0:  # cut short: its time so far (end_ns: the cut)
         limit = book.judge(label, root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns))
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
@@ -253,11 +255,16 @@ class WindowKeeper:
         """A stopped speculative window keeps only the calls found slow (or triggered)."""
         if self.speculation is not None:
             self.speculation.closed(len(win.calls), stop_s)
-        unread = [c for c in win.calls if c.policy in ("speculative", "released")]
-        for call in unread:
-            if call.policy == "speculative":  # still running (cut short): never judged
+        book = self.speculation.book if self.speculation is not None else None
+        for call in win.calls:
+            if call.policy != "speculative":
+                continue
+            if book is not None:  # still running, cut short: judged on its time so far
+                judge(book, self.stats, call, self.pipeline.busy_ns)
+            else:
                 call.policy = "released"
                 self.stats.add("speculative_released")
+        unread = [c for c in win.calls if c.policy in ("speculative", "released")]
         if unread:
             win.calls[:] = [c for c in win.calls if c.policy not in ("speculative", "released")]
 

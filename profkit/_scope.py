@@ -139,10 +139,10 @@ def _count(session: Any, reason: str, exc: Exception) -> None:
         raise exc
 
 
-def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
+def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True) -> Any:
     """Enter a scope in the current context; pass what it returns to :func:`exit_`.
 
-    Returns None (nothing to undo), ``OFF`` (an unsampled root call) or an :class:`Active`.
+    Returns None (nothing to undo), ``OFF`` or a :class:`Timed` (unsampled) or an :class:`Active`.
     """
     frame = FRAME.get()
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
@@ -153,7 +153,7 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None) -> Any:
         try:
             FRAME.set(OFF)
             try:  # a failing begin_root is counted; the call then runs unsampled
-                call = session.begin_root(label)
+                call = session.begin_root(label, spec)
             except Exception as exc:
                 _errors.internal(session.stats, "begin_root", exc)
             if call is None:
@@ -335,17 +335,17 @@ def sync_call(
 class Stepped:
     """A scope held open across the steps of a generator: its frame is set only per step.
 
-    The scope is entered at the first step; each step runs with the scope's frame set (so
-    scopes inside the generator nest under it) and restores the caller's afterwards. Each
-    step is a checkpoint for ``max_window_s``.
+    The scope is entered at the first step (``spec=False``: never speculatively); each step
+    runs with the scope's frame set (so scopes inside the generator nest under it) and
+    restores the caller's afterwards. Each step is a checkpoint for ``max_window_s``.
     """
 
-    __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label")
+    __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label", "spec")
 
-    def __init__(self, label: str, attributes: dict[str, Any], code: CodeInfo | None) -> None:
-        self.label = label
-        self.attributes = attributes
-        self.code = code
+    def __init__(
+        self, label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True
+    ) -> None:
+        self.label, self.attributes, self.code, self.spec = label, attributes, code, spec
         self._started = False
         self._entered: Active | None = None
         self._frame: Any = None
@@ -356,7 +356,7 @@ class Stepped:
             self._started = True
             outer = FRAME.get()
             try:
-                entered = enter(self.label, self.attributes, self.code)
+                entered = enter(self.label, self.attributes, self.code, self.spec)
                 if entered is not None:
                     self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
                     if isinstance(entered, Active):

@@ -26,9 +26,9 @@ from ._pipeline import ExportPipeline
 from ._processing import Processor
 from ._records import CallRecord
 from ._sampling import EveryN, Sampler, TraceIdRatio, Triggered
-from ._slot import SLOT, WindowOwner
+from ._slot import SLOT, Held
 from ._slow import LatencyBook, Speculation, Timed
-from ._window import Window, make_profiler, prime
+from ._window import make_profiler, prime
 
 __all__ = ["Session", "make_sampler"]
 
@@ -106,13 +106,15 @@ class Session:
 
     # -- request path -----------------------------------------------------------------------
 
-    def begin_root(self, label: str) -> CallRecord | int | None:
+    def begin_root(self, label: str, speculate: bool = True) -> CallRecord | int | None:
         """Count a root call and decide whether it runs under the profiler.
 
         A call inside a trace that was not sampled is not profiled (its spans would never be
         exported): it is counted as ``skipped_unsampled_trace`` before the sampler, a
         trigger or an open window sees it, so it uses up none of them. A call whose baggage
-        asks for a profile (``baggage_trigger``) skips the sampler, not the gate.
+        asks for a profile (``baggage_trigger``) skips the sampler, not the gate. A root
+        that cannot be judged (``speculate=False``: a generator, whose first yield stops a
+        thread-local window) is neither timed nor speculative.
         """
         next(self.stats.roots)  # every off-sample call passes here: a C call, no lock
         held = SLOT.held
@@ -120,28 +122,37 @@ class Session:
         span: Any = otel.get(_SPAN_KEY) if otel else None  # trace.get_current_span(), minus ~250 ns
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if held is not None and held.window.owner == threading.get_ident():
-            call = self._on_own_thread(held.owner, held.window, parent, label)
+            call = self._on_own_thread(held, parent, label, otel, speculate)
             if call is not None:
                 return call
         # the sampled bit first: one int operation on the usual path (a sampled trace)
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self.stats.unsampled_traces)  # lock-free, like the root count
             return None
-        if self.triggered.pending and not self.pipeline.full() and self.triggered.take(label):
+        # a trigger waits while another thread's window holds the slot: spent on this call,
+        # it would profile nothing (skipped_busy); the next call that can have a window takes it
+        trig = self.triggered
+        if trig.pending and SLOT.held is None and not self.pipeline.full() and trig.take(label):
             return self.keeper.open("trigger", parent)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
             policy = "baggage"
         else:
             trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
             if not self._sampler.decide(trace_id):
-                return None if self._book is None else self._unprofiled(label, parent)
+                if self._book is None or not speculate:
+                    return None
+                return self._unprofiled(label, parent)
             policy = self._sampler.description
         return self.keeper.open(policy, parent) if self._gate.admits() else None
 
     def _on_own_thread(
-        self, owner: WindowOwner, win: Window, parent: SpanContext | None, label: str
+        self, held: Held, parent: SpanContext | None, label: str, otel: Any, speculate: bool
     ) -> CallRecord | None:
-        """A root call on the thread of the open window: a checkpoint, then join it or not."""
+        """A root call on the thread of the open window: a checkpoint, then join it or not.
+
+        A speculative window keeps a call that a trigger or the baggage asks for as such
+        (exported, never judged), like the window it would have had otherwise."""
+        owner, win = held
         if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
             SLOT.vacate(win)
         elif time.monotonic() > win.deadline:
@@ -152,9 +163,15 @@ class Session:
             if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
                 return None  # an unsampled trace does not join (counted by the caller)
             policy = "window"
-            if win.speculative:  # a trigger still applies to a call that joins one
-                trig = self.triggered.pending and self.triggered.take(label)
-                policy = "trigger" if trig else "speculative"
+            if win.speculative:
+                if self.triggered.pending and self.triggered.take(label):
+                    policy = "trigger"
+                elif self._baggage and otel and asks_to_profile(otel):
+                    policy = "baggage"
+                elif speculate:
+                    policy = "speculative"
+                else:  # a generator: its first yield would cut the window short
+                    return None
             return self.keeper.join(win, policy, parent)
         elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
             owner.close_window(win)
@@ -172,7 +189,7 @@ class Session:
             return None
         if spec.rest:
             spec.rest -= 1
-        elif spec.want(label):
+        elif SLOT.held is None and spec.want(label):  # a window elsewhere: no token spent
             call = self.keeper.open("speculative", parent, spec.calls)
             if call is not None:
                 return call

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from live_server import serve
 
 import profkit
+from profkit._global import get_session
 from profkit.integrations.fastapi import add_trigger_route, instrument_app
 from profkit.testing import capture
 
@@ -111,3 +112,19 @@ def test_before_configure_the_route_says_so() -> None:
     with serve(app) as url:
         response = httpx.post(f"{url}/profkit/trigger", headers=GOOD, timeout=30.0)
     assert 503 == response.status_code
+
+
+def test_a_body_that_is_not_utf8_is_a_422_not_a_server_error() -> None:
+    """A token holder's body of bytes that are not UTF-8 is a bad body (422), not a 500 from
+    FastAPI failing to echo the raw bytes back in the validation error; nothing triggered."""
+    profkit.configure(exporters=(), sample_every=10**9)
+    with serve(build_app()) as url, httpx.Client(base_url=url, timeout=30.0) as client:
+        answers = [
+            client.post("/profkit/trigger", content=body, headers={**GOOD, **JSON})
+            for body in (b"\xff\xfe", b'{"n": 2, "label": "\xe9"}')
+        ]
+    assert [422, 422] == [r.status_code for r in answers], [r.text for r in answers]
+    assert all(r.json()["detail"][0]["loc"][0] == "body" for r in answers)
+    session = get_session()
+    assert session is not None
+    assert not session.triggered.pending

@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind
 
 import profkit
 from profkit._global import get_session
+from profkit._slot import SLOT
 from profkit.integrations.fastapi import instrument_app
 from profkit.testing import Capture, capture
 
@@ -122,6 +123,26 @@ def test_the_cpu_budget_bounds_baggage_windows() -> None:
                 predict(X)
     assert [] == _policies(cap)
     assert (3, 0, 3) == (cap.stats["root_calls"], cap.stats["sampled"], cap.stats["skipped_budget"])
+
+
+def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> None:
+    """capture_slow: a call under the baggage that joins the speculative window open on its
+    thread is exported with policy "baggage", not judged against the threshold and released."""
+    with capture(
+        baggage_trigger=True, sample_every=QUIET, capture_slow=True, slow_ms=60_000.0
+    ) as cap:
+        predict(X)  # the sampler's pick
+        predict(X)  # opens a speculative window on this thread (slow_ms: no baseline)
+        held = SLOT.held
+        assert held is not None
+        assert held.window.speculative
+        with _baggage():
+            predict(X)
+        predict(X)  # nobody asked: speculative, released
+    assert [EVERY, "baggage"] == _policies(cap)
+    s = profkit.stats()  # the final counters: the window closed when the session shut down
+    assert s["sampled"] == s["exported"] == 2
+    assert s["speculative"] == s["speculative_released"] == 2
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:

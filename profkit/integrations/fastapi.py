@@ -200,8 +200,14 @@ async def _read_body(request: Request) -> _TriggerBody | None:
     raw = await request.body()
     if not raw.strip():
         return None
+    try:  # as text first: a validation error echoes its input, and raw bytes cannot be
+        text = raw.decode("utf-8")  # written back as JSON (FastAPI's 422 would fail: a 500)
+    except UnicodeDecodeError:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": "the body is not UTF-8"}]
+        ) from None
     try:
-        return _TriggerBody.model_validate_json(raw)
+        return _TriggerBody.model_validate_json(text)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
