@@ -164,6 +164,8 @@ class WindowKeeper:
                     self.stats.skip("skipped_foreign")
                 return None
             win = Window(next(self._window_ids), self._config, speculative)
+            if speculative:
+                win.roots_at_open = self.stats.root_calls - 1  # before this call
             spare, self.spare = self.spare, None  # built ahead, off the request path
             with guard(self.stats, "profiler_start"):
                 win.start(spare)

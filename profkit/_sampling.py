@@ -147,6 +147,15 @@ class Triggered:
         self.pending = 1  # after the count: see _settle
 
     def add(self, n: int, label: str | None = None) -> None:
+        """``n`` more triggers, for root calls of ``label`` (None: of any label).
+
+        Raises:
+            ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
         with self._lock:
             if label is None:
                 self._any += n
@@ -159,6 +168,9 @@ class Triggered:
         """Consume one pending trigger for a root call of ``label``; False when none applies."""
         if not self.pending:  # unlocked fast path: the common case
             return False
+        if not self._any and label not in self._by_label and self._mark == _peek(self._signals):
+            return False  # only other labels' triggers: no lock (one for a typo'd label
+            # would otherwise make every later root call take it)
         with self._lock:
             self._any += self._drain()
             taken = True
@@ -197,3 +209,8 @@ class Triggered:
             if not signals:
                 return
             self._any += signals
+
+
+def _peek(count: itertools.count[int]) -> int:
+    """The next number ``count`` hands out, without taking it (repr: "count(<n>)")."""
+    return int(repr(count)[6:-1])

@@ -210,7 +210,8 @@ class Session:
         if self._book is not None:
             judge(self._book, self.stats, call, self.pipeline.busy_ns)
         win = call.window
-        if (win.full or not self.active) and win.in_flight == 0:
+        done = win.full or not self.active or win.done_early(self.stats.root_calls)
+        if done and win.in_flight == 0:
             held = SLOT.held
             if held is not None and held.window is win:
                 self.keeper.close_window(win)
@@ -236,11 +237,7 @@ class Session:
                 self.keeper.spare = make_profiler(self.config)
 
     def trigger(self, n: int = 1, label: str | None = None) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
-        if label is not None and not isinstance(label, str):
-            raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
-        self.triggered.add(n, label)
+        self.triggered.add(n, label)  # checks its arguments (ValueError)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.

@@ -134,7 +134,8 @@ class LatencyBook:
             return None
         profiled = entry.profiled
         neighbours = _median(profiled[-_RECENT:]) if len(profiled) >= _RECENT else 0
-        inflation = max(1.0, _median(profiled) / entry.p50) if len(profiled) >= _RECENT else 1.0
+        median = _median(profiled) if len(profiled) >= _RECENT else 0
+        inflation = max(1.0, median / max(1, entry.p50))
         profiled.append(ns)
         if len(profiled) > _PROFILED:
             del profiled[0]

@@ -161,6 +161,7 @@ class Window:
         "owner",
         "owner_thread",
         "prof",
+        "roots_at_open",
         "speculative",
         "started_ns",
         "stopped_refs",
@@ -175,6 +176,8 @@ class Window:
         #: and exports only those that turn out slow
         self.speculative = speculative
         self.needed = speculative or config.warmup + config.window
+        #: the session's root-call count when a speculative window opened (see Session)
+        self.roots_at_open = 0
         #: the calls that joined, in order; joining is one ``append`` (atomic), and the counts
         #: below are derived from it, so an exception landing anywhere leaves them consistent
         self.calls: list[CallRecord] = []
@@ -203,6 +206,19 @@ class Window:
     @property
     def full(self) -> bool:
         return len(self.calls) >= self.needed
+
+    def done_early(self, root_calls: int) -> bool:
+        """A speculative window that should close once no call of its own is in flight.
+
+        Either a call in it was kept (slow, or asked for): exported now, not after more
+        calls, and never left behind on a thread that may idle (a shutdown would then miss
+        it). Or other threads made root calls since it opened (the session has made
+        ``root_calls`` so far): it holds the process's one slot, so no other thread can be
+        sampled, and a pool thread may idle a long time before its next call.
+        """
+        return bool(self.speculative) and (
+            self.recorded > 0 or root_calls - self.roots_at_open > len(self.calls)
+        )
 
     @property
     def recorded(self) -> int:

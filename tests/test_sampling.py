@@ -72,3 +72,25 @@ def test_triggered_counts_down() -> None:
     t.add(2)
     assert [True, True, False] == [t.take(), t.take(), t.take()]
     assert 0 == t.pending
+
+
+def test_a_trigger_for_another_label_costs_other_calls_no_lock() -> None:
+    """trigger(1, label="typo") leaves pending set; calls of other labels must not take the
+    lock from then on (every root call would)."""
+    import threading
+
+    from profkit._sampling import Triggered
+
+    trig = Triggered()
+    trig.add(1, "typo")
+    assert trig.pending
+    results: list[bool] = []
+    with trig._lock:  # held: a take() that locks would wait here
+        t = threading.Thread(target=lambda: results.append(trig.take("predict")))
+        t.start()
+        t.join(2)
+        assert results == [False]
+    assert trig.take("typo")
+    assert not trig.pending
+    trig.signalled()  # a signal's trigger applies to any label: the lock path again
+    assert trig.take("predict")

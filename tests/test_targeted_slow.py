@@ -307,3 +307,45 @@ def test_shutdown_stops_a_speculative_window_left_idle_on_another_thread() -> No
     go.set()
     worker.join(30)
     assert seen == {"recording": False}
+
+
+def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -> None:
+    """In a thread pool a speculative window does not wait for 16 calls of its thread: once
+    other threads made root calls, it closes when its own call ends (it holds the one slot)."""
+    from profkit._slot import SLOT
+
+    inside, release, done, leave = (threading.Event() for _ in range(4))
+
+    @profkit.profiled("work")
+    def work(wait: bool) -> int:
+        if wait:
+            inside.set()
+            assert release.wait(10)
+        return 7
+
+    with capture(sample_every=10**9, capture_slow=True, slow_ms=1e4, exporters=()):
+        assert work(False) == 7  # the counter's first call, sampled
+        results: list[int] = []
+
+        def pool_thread() -> None:  # a pool's thread: it stays alive, idle, after its call
+            results.append(work(True))
+            done.set()
+            leave.wait(10)
+
+        a = threading.Thread(target=pool_thread)
+        a.start()
+        assert inside.wait(10)
+        held = SLOT.held
+        assert held is not None  # thread a's speculative window
+        assert held.window.speculative
+        assert work(False) == 7  # another thread's root call while it records
+        release.set()
+        assert done.wait(10)
+        assert results == [7]
+        assert SLOT.held is None  # closed after its one call, not left open on an idle thread
+        assert work(False) == 7
+        leave.set()
+        a.join(10)
+    stats = profkit.stats()
+    assert stats["speculative"] >= 1
+    assert stats["speculative"] == stats["speculative_released"]
