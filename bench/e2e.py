@@ -49,6 +49,9 @@ LIMIT_RATIO = 0.97  # issue 14 (stretch: 0.98)
 #: the budget variant: every call sampled, profkit keeps itself to 1% of the server's CPU
 BUDGET = "1@0.01"
 LIMIT_BUDGET_RATIO = 0.97
+#: profkit installed, its decorators and regions on every request, the sampler never
+#: choosing (after its first call): what the off-sample path alone costs the server
+QUIET = "1000000000"
 #: warm-up requests of the defaults variant: at 1-in-100, more than its 60-window bucket
 DRAIN = 7000
 BODY = b'{"rows": 32}'
@@ -187,14 +190,16 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def measure(quick: bool, base: str | None = None) -> dict[str, Any]:
-    modes = ["off", "100", BUDGET] if quick else ["off", "100", "defaults", "10", "1", BUDGET]
+    modes = (
+        ["off", "100", BUDGET] if quick else ["off", QUIET, "100", "defaults", "10", "1", BUDGET]
+    )
     base_path = None
     if base:  # before/after in one run: the same variants served by an older commit
         from compare import base_tree
 
         base, base_path = base_tree(base)
         modes += ["base:100", "base:10"]
-    rounds, per_round, warm = (1, 80, 20) if quick else (10, 500, 200)
+    rounds, per_round, warm = (1, 80, 20) if quick else (16, 500, 200)
     rng = random.Random(5)
     rps: dict[str, list[float]] = {m: [] for m in modes}
     lat: dict[str, list[float]] = {m: [] for m in modes}
@@ -274,6 +279,7 @@ def measure(quick: bool, base: str | None = None) -> dict[str, Any]:
 
 LABELS = {
     "off": "without profkit",
+    QUIET: "installed, never sampling (off-sample path only)",
     "100": "1-in-100 (no cap)",
     "defaults": "defaults: 1-in-100, at most 60 windows a minute",
     "10": "1-in-10",

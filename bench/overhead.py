@@ -23,6 +23,8 @@ import profkit
 US_LIMIT_PROFILED = 1000.0
 RATIO_LIMIT = 0.15
 US_LIMIT_REGION = 500.0
+#: a region() that is itself the root call pays the root call's cost too (issue 14: 1.0 µs)
+US_LIMIT_REGION_ROOT = 1000.0
 US_LIMIT_CAPTURE_SLOW = 1500.0
 
 
@@ -168,8 +170,8 @@ def measure(quick: bool) -> dict[str, Any]:
             },
             "region_root_off_sample_us": {
                 "value": rows["region, off-sample root"].median / 1000,
-                "limit": US_LIMIT_REGION / 1000,
-                "ok": rows["region, off-sample root"].median <= US_LIMIT_REGION,
+                "limit": US_LIMIT_REGION_ROOT / 1000,
+                "ok": rows["region, off-sample root"].median <= US_LIMIT_REGION_ROOT,
             },
         },
     }
