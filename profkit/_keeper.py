@@ -57,6 +57,9 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Callable[[
     else:
         call.policy = "released"
         stats.add("speculative_released")
+        # its per-op recording is profkit's cost too: the worker, which charges a read
+        # window's, never sees a released call (the profiled-over-unprofiled median)
+        stats.cpu.charge(book.inflation_ns(label) / 1e9)
 
 
 class Gate:

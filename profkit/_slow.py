@@ -112,6 +112,14 @@ class LatencyBook:
         entry = self._quantiles(label)
         return entry.p50 / 1e6 if entry is not None else None
 
+    def inflation_ns(self, label: str) -> int:
+        """What the profiler adds to one call of ``label``: the median speculative (profiled)
+        call less the median unprofiled one (0 until 8 speculative calls are known)."""
+        entry = self._labels.get(label)
+        if entry is None or len(entry.profiled) < _RECENT or not entry.p50:
+            return 0
+        return max(0, _median(entry.profiled) - entry.p50)
+
     def judge(self, label: str, ns: int) -> int | None:
         """A speculative call of ``label`` took ``ns`` under the profiler: the threshold (ns,
         on the profiled scale) it beat when it is slow, else None.
