@@ -45,6 +45,24 @@ def _region_body(x: Any) -> Any:
         return x
 
 
+async def bare_async(x: Any) -> Any:
+    return x
+
+
+def _awaited(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A coroutine function run to its end by hand (it never suspends): what ``await`` does,
+    without an event loop's own cost in the batch."""
+
+    def call(x: Any) -> Any:
+        try:
+            fn(x).send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("suspended")
+
+    return call
+
+
 class _Model:
     @profkit.profiled
     def method(self, x: Any) -> Any:
@@ -94,6 +112,8 @@ def measure(quick: bool) -> dict[str, Any]:
             "nested_bare": _inside_root(bare),
             "nested_profiled": _inside_root(profiled_fn),
             "nested_region": _inside_root(_region_body),
+            "bare_async": _plain(_awaited(bare_async)),
+            "profiled_async": _plain(_awaited(profkit.profiled(bare_async))),
         },
         rounds=rounds,
         n=n,
@@ -128,6 +148,9 @@ def measure(quick: bool) -> dict[str, Any]:
         ),
         "profiled, nested in off-sample root": spread(
             diffs(raw["nested_profiled"], raw["nested_bare"])
+        ),
+        "profiled coroutine, off-sample root": spread(
+            diffs(raw["profiled_async"], raw["bare_async"])
         ),
         "region, off-sample root": spread(diffs(raw["region_root"], raw["bare"])),
         "region, nested in off-sample root": spread(

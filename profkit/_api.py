@@ -21,9 +21,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 import wrapt
 
 from ._compiler import compiled_away, compiling
-from ._drivers import Intervals, SteppedAsyncGen, drive, exit_twice
+from ._drivers import SteppedAsyncGen, async_call, drive
 from ._model import CodeInfo
-from ._scope import FRAME, OFF, Active, Stepped, enter, exit_, sync_call
+from ._scope import FRAME, OFF, Stepped, enter, exit_, sync_call
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -67,21 +67,12 @@ def _make_wrapper(
 ) -> Any:
     """The ``wrapt`` wrapper for a kind of callable, built once at decoration time."""
     if kind == "async":
+        acall = async_call(func, label, attrs, code)
 
-        async def async_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            entered = error = None
-            try:
-                entered = enter(label, attrs, code)
-                coro = wrapped(*args, **kwargs)
-                if isinstance(entered, Active) and entered.session is not None:
-                    entered.call.intervals = []  # a sampled root: record when its task runs
-                    return await Intervals(coro, entered.call.intervals)
-                return await coro
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                exit_twice(entered, error)
+        def async_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if wrapped is func:
+                return acall(*args, **kwargs)
+            return async_call(wrapped, label, attrs, code)(*args, **kwargs)  # bound
 
         return async_wrapper
     if kind == "gen":
@@ -132,6 +123,8 @@ def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any]
     code = _code_info(func)
     if kind == "sync" and type(func) is types.FunctionType:
         return _plain_function(func, label, attrs, code)
+    if kind == "async" and type(func) is types.FunctionType:  # a plain ``async def``: no proxy
+        return functools.update_wrapper(async_call(func, label, attrs, code), func)
     return _Profiled(func, _make_wrapper(func, kind, label, attrs, code), label, attrs)
 
 

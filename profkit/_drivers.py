@@ -8,13 +8,50 @@ that sets the scope's frame only while the generator runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
-from ._scope import Stepped, exit_
+from ._model import CodeInfo
+from ._scope import FRAME, OFF, Active, Stepped, enter, exit_
 from ._slot import SLOT
 
-__all__ = ["Intervals", "SteppedAsyncGen", "drive", "exit_twice"]
+__all__ = ["Intervals", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
+
+_set_frame = FRAME.set
+
+
+def async_call(
+    fn: Callable[..., Any], label: str, attrs: dict[str, Any], code: CodeInfo | None
+) -> Callable[..., Any]:
+    """``fn`` (a coroutine function) in a scope: a coroutine function itself, one frame.
+
+    A sampled root's task keeps only its own ops (:class:`Intervals`); an unsampled root
+    restores the frame inline (``exit_``'s first case: no call).
+    """
+
+    async def profiled_coroutine(*args: Any, **kwargs: Any) -> Any:
+        entered = error = None
+        try:
+            entered = enter(label, attrs, code)
+            coro = fn(*args, **kwargs)
+            if entered.__class__ is Active and entered.session is not None:
+                entered.call.intervals = []  # a sampled root: record when its task runs
+                return await Intervals(coro, entered.call.intervals)
+            return await coro
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if entered is OFF:
+                try:
+                    _set_frame(None)
+                except BaseException:  # a signal's exception landed before the set
+                    _set_frame(None)
+                    raise
+            else:
+                exit_twice(entered, error)
+
+    return profiled_coroutine
 
 
 def exit_twice(entered: Any, error: BaseException | None) -> None:
