@@ -184,16 +184,18 @@ def fmt_spread(s: dict[str, float], digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} [{s['q1']:.{digits}f}-{s['q3']:.{digits}f}]"
 
 
-def seeded_mlp() -> tuple[Any, Any]:
-    """The benchmarks' small MLP (64 -> 128 -> 10, eval) and a 32 x 64 batch, on one thread.
+def seeded_mlp(sizes: tuple[int, int, int] = (64, 128, 10), rows: int = 32) -> tuple[Any, Any]:
+    """The benchmarks' MLP (Linear, ReLU, Linear; eval) and a batch, on one thread.
 
-    Seeded, so every process and both trees of ``compare.py`` measure the same numbers.
+    By default the small one (64 -> 128 -> 10, a 32 x 64 batch). Seeded, so every process
+    and both trees of ``compare.py`` measure the same numbers.
     """
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    d_in, hidden, d_out = sizes
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+        torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out)
     ).eval()
-    return model, torch.randn(32, 64)
+    return model, torch.randn(rows, d_in)

@@ -37,7 +37,15 @@ import time
 from typing import Any
 
 import torch
-from _util import emit, fmt_spread, machine, parse_args, quiet_exporter_settings, spread
+from _util import (
+    emit,
+    fmt_spread,
+    machine,
+    parse_args,
+    quiet_exporter_settings,
+    seeded_mlp,
+    spread,
+)
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
@@ -120,11 +128,7 @@ def _time_windows(session: Session, windows: list[Any]) -> dict[str, Any]:
 
 def _mlp_handler() -> Any:
     """The MLP (Linear 64-128-10, batch 32) with one region: the small window of the targets."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    ).eval()
-    x = torch.randn(32, 64)
+    model, x = seeded_mlp()
 
     @profkit.profiled("predict")
     def predict(_: int) -> torch.Tensor:

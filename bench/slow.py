@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch
-from _util import emit, fmt_spread, machine, parse_args, spread
+from _util import emit, fmt_spread, machine, parse_args, seeded_mlp, spread
 
 import profkit
 from profkit.testing import CaptureExporter
@@ -46,11 +46,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def _handler() -> Any:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
-    ).eval()
-    batch = torch.randn(64, 256)
+    model, batch = seeded_mlp((256, 1024, 256), rows=64)
 
     @profkit.profiled("predict")
     def predict(slow: bool) -> torch.Tensor:
