@@ -148,6 +148,8 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
         session = GLOBAL.session
         if session is None or not session.active:
+            if SLOT.held is not None:  # a window this thread still holds closes
+                SLOT.orphaned()
             return None
         call = None
         try:
@@ -259,21 +261,16 @@ def sync_call(
 
     An unsampled root call sets the frame to ``OFF`` and allocates nothing; the frame is
     set back with its token, or to ``None`` by value when a signal's exception kept the
-    token from being stored. While ``torch.compile`` traces it, the call is ``fn`` itself
-    (:mod:`profkit._compiler`).
-    A nested scope that finds no stack left to record itself (a ``RecursionError`` in its
-    bookkeeping) runs unlabelled, so a recursion gets as deep sampled as unsampled.
-
-    The returned function reads no module global: every name it uses is a cell of this
-    closure, prefixed ``pk_`` so that none hides a name of ``fn``'s module. So
-    :mod:`profkit._api` can rebuild it on ``fn``'s globals, where TorchScript looks up the
-    names in ``fn``'s source.
+    token from being stored. Under ``torch.compile`` tracing the call is ``fn`` itself. A
+    nested scope with no stack left to record itself (``RecursionError``) runs unlabelled.
+    The returned function reads no module global (every name is a ``pk_`` cell), so
+    :mod:`profkit._api` can rebuild it on ``fn``'s globals, where TorchScript looks names up.
     """
     pk_fn, pk_label, pk_attributes, pk_code = fn, label, attributes, code
     pk_compiling, pk_compiled_away = compiling, compiled_away
     pk_get, pk_set, pk_reset, pk_off, pk_global = FRAME.get, FRAME.set, FRAME.reset, OFF, GLOBAL
     pk_open, pk_internal = _open, _errors.internal
-    pk_leave_nested, pk_leave_root, pk_int = _leave_nested, _leave_root, int
+    pk_leave_nested, pk_leave_root, pk_int, pk_slot = _leave_nested, _leave_root, int, SLOT
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -301,6 +298,8 @@ def sync_call(
         # a root call (or a frame left behind by a call that ended: stale, so a root too)
         session = pk_global.session
         if session is None or not session.active:
+            if pk_slot.held is not None:  # a window this thread still holds closes
+                pk_slot.orphaned()
             return pk_fn(*args, **kwargs)
         call = entered = error = token = None
         try:

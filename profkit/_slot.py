@@ -178,6 +178,16 @@ class WindowSlot:
             finally:
                 self._reclaim_lock.release()
 
+    def orphaned(self) -> None:
+        """A root call on a thread when no session takes root calls (shut down, disabled):
+        a window this thread still holds, idle, closes now (its calls, if any, are counted
+        as dropped by the shut pipeline), instead of recording this thread for ever."""
+        held = self.held
+        if held is not None and held.window.owner == threading.get_ident():
+            win = held.window
+            if not win.in_flight:  # (one still running closes when it ends)
+                held.owner.close_window(win)
+
     def wait_for_other_thread(self, owner: WindowOwner, deadline: Deadline) -> None:
         """Wait while ``owner`` has calls in flight in a window on another thread.
 
