@@ -18,6 +18,7 @@ import time
 from typing import NamedTuple, Protocol
 
 from ._deadline import Deadline
+from ._errors import Stats, guard
 from ._window import Window, foreign_profiler_active, on_foreign_start
 
 __all__ = ["SLOT", "Held", "WindowOwner", "WindowSlot"]
@@ -25,6 +26,8 @@ __all__ = ["SLOT", "Held", "WindowOwner", "WindowSlot"]
 
 class WindowOwner(Protocol):
     """What the slot needs from the session that opened a window."""
+
+    stats: Stats
 
     def close_window(self, win: Window) -> None:
         """Stop the window on its own thread, hand it to export, then vacate the slot."""
@@ -186,7 +189,8 @@ class WindowSlot:
         if held is not None and held.window.owner == threading.get_ident():
             win = held.window
             if not win.in_flight:  # (one still running closes when it ends)
-                held.owner.close_window(win)
+                with guard(held.owner.stats, "orphaned"):  # runs on the user's call: never raise
+                    held.owner.close_window(win)
 
     def wait_for_other_thread(self, owner: WindowOwner, deadline: Deadline) -> None:
         """Wait while ``owner`` has calls in flight in a window on another thread.

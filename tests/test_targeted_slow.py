@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -282,27 +283,34 @@ def test_generator_roots_are_not_speculated() -> None:
     assert joined == stats["speculative"] == stats["speculative_released"]
 
 
-def test_shutdown_stops_a_speculative_window_left_idle_on_another_thread() -> None:
-    """After shutdown() no root call reaches a session; a window idle on another live
-    thread closes at that thread's next root call instead of recording it for ever."""
+def _idle_on_a_thread_across_shutdown(open_window: Callable[[], object]) -> dict[str, object]:
+    """``open_window`` on a worker thread, which then idles while the session shuts down,
+    then makes one more root call: whether a profiler still records there, and its result."""
     ready, go = threading.Event(), threading.Event()
-    seen: dict[str, bool] = {}
+    seen: dict[str, object] = {}
 
     def serve() -> None:
-        _open_speculative_window()  # on this thread, then idle
+        open_window()  # on this thread, then idle
         ready.set()
         go.wait(30)
-        quick()  # after shutdown: this thread's next root call
+        seen["result"] = quick()  # after shutdown: this thread's next root call
         seen["recording"] = bool(torch.autograd.profiler._is_profiler_enabled)
 
-    profkit.configure(sample_every=10**9, capture_slow=True, slow_ms=60_000.0, exporters=())
     worker = threading.Thread(target=serve)
     worker.start()
     assert ready.wait(30)
     profkit.shutdown(2.0)
     go.set()
     worker.join(30)
-    assert seen == {"recording": False}
+    return seen
+
+
+def test_shutdown_stops_a_speculative_window_left_idle_on_another_thread() -> None:
+    """After shutdown() no root call reaches a session; a window idle on another live
+    thread closes at that thread's next root call instead of recording it for ever."""
+    profkit.configure(sample_every=10**9, capture_slow=True, slow_ms=60_000.0, exporters=())
+    seen = _idle_on_a_thread_across_shutdown(_open_speculative_window)
+    assert seen == {"result": 4.0, "recording": False}
 
 
 def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -> None:
@@ -349,25 +357,37 @@ def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -
 
 def test_a_window_n_window_idle_on_another_thread_closes_after_shutdown() -> None:
     """The same for a window=3 window: its recorded call is counted as dropped (shutdown)."""
-    ready, go = threading.Event(), threading.Event()
-    seen: dict[str, bool] = {}
-
-    def serve() -> None:
-        quick()  # sampled: opens a window of 3 calls on this thread, which then idles
-        ready.set()
-        go.wait(30)
-        quick()  # after shutdown: this thread's next root call closes it
-        seen["recording"] = bool(torch.autograd.profiler._is_profiler_enabled)
-
     profkit.configure(sample_every=1, window=3, exporters=())
-    worker = threading.Thread(target=serve)
-    worker.start()
-    assert ready.wait(30)
-    profkit.shutdown(2.0)
-    go.set()
-    worker.join(30)
-    assert seen == {"recording": False}
+    # sampled: opens a window of 3 calls on that thread, which then idles
+    seen = _idle_on_a_thread_across_shutdown(quick)
+    assert seen == {"result": 4.0, "recording": False}
     assert SLOT.held is None
     stats = profkit.stats()
     assert stats["sampled"] == 1
     assert stats["dropped_reasons"] == {"shutdown": 1}
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_a_failure_closing_an_orphaned_window_is_counted_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """That close runs inside the user's call: if it fails, the call still returns."""
+    from profkit._keeper import WindowKeeper
+
+    profkit.configure(sample_every=1, window=3, exporters=())
+
+    real = WindowKeeper.close_window
+    failures = [RuntimeError("injected")]
+
+    def broken(self: WindowKeeper, win: Any) -> None:
+        if failures:  # once: the thread's end closes it for real
+            raise failures.pop()
+        real(self, win)
+
+    def open_then_break() -> None:
+        quick()
+        monkeypatch.setattr(WindowKeeper, "close_window", broken)
+
+    seen = _idle_on_a_thread_across_shutdown(open_then_break)
+    assert seen["result"] == 4.0
+    assert profkit.stats()["error_reasons"].get("orphaned") == 1
