@@ -258,20 +258,13 @@ class WindowKeeper:
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:
         """A stopped speculative window keeps only the calls found slow (or triggered)."""
-        if self.speculation is not None:
-            self.speculation.closed(len(win.calls), stop_s)
-        book = self.speculation.book if self.speculation is not None else None
-        for call in win.calls:
-            if call.policy != "speculative":
-                continue
-            if book is not None:  # still running, cut short: judged on its time so far
-                judge(book, self.stats, call, self.pipeline.busy_ns)
-            else:
-                call.policy = "released"
-                self.stats.add("speculative_released")
-        unread = [c for c in win.calls if c.policy in ("speculative", "released")]
-        if unread:
-            win.calls[:] = [c for c in win.calls if c.policy not in ("speculative", "released")]
+        spec = self.speculation  # set whenever speculative windows open (capture_slow)
+        if spec is not None:
+            spec.closed(len(win.calls), stop_s)
+            for call in win.calls:
+                if call.policy == "speculative":  # still running, cut short: judged so far
+                    judge(spec.book, self.stats, call, self.pipeline.busy_ns)
+        win.calls[:] = [c for c in win.calls if c.policy not in ("speculative", "released")]
 
     def truncate(self, win: Window, reason: str) -> None:
         """Stop ``win`` now, on its thread, though calls still run in it; export what it has.
