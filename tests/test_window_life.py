@@ -1,0 +1,126 @@
+"""A window's life and the one decision: the defects of issue #20, each found on cb7461d.
+
+Bodies that need a fresh interpreter are script files in ``tests/scripts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+
+import profkit
+from profkit.testing import capture
+
+SCRIPTS = Path(__file__).parent / "scripts"
+RUNS = int(os.environ.get("PROFKIT_CRASH_RUNS", "2"))
+
+
+def run_script(name: str, *args: str, timeout: float = 240.0) -> tuple[int, dict[str, Any], str]:
+    """Run ``tests/scripts/NAME``; its exit status, its last REPORT line and its output."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
+    report = json.loads(lines[-1][len("REPORT ") :]) if lines else {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["every", "slow"])
+def test_user_profiler_beside_sampling_never_crashes(mode: str) -> None:
+    """The application's own 40 short profiles beside a sampling request thread: no SIGSEGV."""
+    for _ in range(RUNS):
+        code, _report, output = run_script("user_profiler_loop.py", mode)
+        assert 0 == code, output[-2000:]
+
+
+def test_no_profiler_left_on_an_idle_pool_thread() -> None:
+    """capture_slow on a pool thread, then a pause: no profiler on, the app's profiler starts."""
+    code, report, output = run_script("idle_pool_thread.py")
+    assert 0 == code, output[-2000:]
+    assert (False, None) == (report["enabled"], report["error"]), report
+    assert report["rss_mb"] < 50, report
+
+
+def test_calls_refused_for_a_foreign_profiler_spend_no_rate_cap_token() -> None:
+    """While the user's profiler runs, refusals are skipped_foreign only; the cap stays full."""
+    x = torch.ones(4)
+
+    @profkit.profiled("f")
+    def f() -> float:
+        return float(x.add(1).sum())
+
+    with capture(sample_every=1, max_per_minute=5) as cap:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            for _ in range(100):
+                f()
+        for _ in range(5):
+            f()
+    stats = cap.stats
+    assert (100, 0, 5) == (stats["skipped_foreign"], stats["skipped_rate_limit"], len(cap.calls))
+
+
+def test_baggage_calls_joining_a_speculative_window_pass_the_rate_cap() -> None:
+    """A baggage-asked call that joins an open speculative window still spends a token."""
+    x = torch.ones(4)
+
+    @profkit.profiled("f")
+    def f() -> float:
+        return float(x.add(1).sum())
+
+    asked = baggage.set_baggage("profkit.profile", "1")
+    with capture(
+        sample_every=10**9, capture_slow=True, slow_ms=1000.0, baggage_trigger=True,
+        max_per_minute=2,
+    ) as cap:
+        for _ in range(100):
+            f()  # opens speculative windows (slow_ms: judged from the first call)
+            token = otel_context.attach(asked)
+            try:
+                f()
+            finally:
+                otel_context.detach(token)
+    policies = [c.policy for c in cap.calls]
+    assert policies.count("baggage") <= 2, policies
+
+
+def test_capture_installs_the_trigger_signal_and_restores_the_previous_handler() -> None:
+    """capture(trigger_signal=...) triggers on the signal and puts the old handler back."""
+    code, report, output = run_script("capture_signal.py")
+    assert 0 == code, output[-2000:]
+    assert {"triggered": 1, "restored": True} == report
+
+
+def test_import_changes_nothing_configure_hooks_shutdown_unhooks() -> None:
+    """import profkit leaves torch and signals alone; a session installs and removes hooks."""
+    code, report, output = run_script("import_changes_nothing.py")
+    assert 0 == code, output[-2000:]
+    expected = {"untouched": True, "same_handlers": True, "hooked": True, "unhooked": True}
+    assert expected == {k: report[k] for k in expected}
+
+
+def test_the_prepare_hook_is_not_installed_by_import() -> None:
+    """The issue's own one-liner: import profkit keeps torch's _prepare_profiler."""
+    code = (
+        "import torch.autograd.profiler as p; a=p._prepare_profiler; import profkit; "
+        "assert p._prepare_profiler is a"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert 0 == proc.returncode, proc.stderr[-2000:]
+
+
+_ = signal  # (the scripts use it; kept for readers looking for SIGUSR1 here)
