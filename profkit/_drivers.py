@@ -13,7 +13,7 @@ from typing import Any
 
 from ._model import CodeInfo
 from ._scope import FRAME, OFF, Active, Stepped, enter, exit_
-from ._slot import SLOT
+from ._keeper import checkpoint
 
 __all__ = ["Intervals", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
 
@@ -82,7 +82,7 @@ class Intervals:
         send: Any = None
         throw: BaseException | None = None
         while True:
-            SLOT.checkpoint()
+            checkpoint()
             t0 = time.time_ns()
             try:
                 yielded = coro.throw(throw) if throw is not None else coro.send(send)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import TypedDict
 
 from ._overhead import CpuMeter
+from ._compat import peek_count
 
 __all__ = ["Stats", "StatsSnapshot", "foreign", "guard", "log"]
 
@@ -109,7 +110,7 @@ class Stats:
 
     @property
     def root_calls(self) -> int:
-        return _peek(self.roots)
+        return peek_count(self.roots)
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -155,10 +156,10 @@ class Stats:
             dropped=counts.get("dropped", 0),
             skipped_busy=counts.get("skipped_busy", 0),
             skipped_foreign=counts.get("skipped_foreign", 0),
-            skipped_rate_limit=_peek(self.refused["skipped_rate_limit"]),
-            skipped_unsampled_trace=_peek(self.unsampled_traces),
-            skipped_backlog=_peek(self.refused["skipped_backlog"]),
-            skipped_budget=_peek(self.refused["skipped_budget"]),
+            skipped_rate_limit=peek_count(self.refused["skipped_rate_limit"]),
+            skipped_unsampled_trace=peek_count(self.unsampled_traces),
+            skipped_backlog=peek_count(self.refused["skipped_backlog"]),
+            skipped_budget=peek_count(self.refused["skipped_budget"]),
             warmup_calls=warmup,
             speculative=counts.get("speculative", 0),
             speculative_released=counts.get("speculative_released", 0),
@@ -207,12 +208,6 @@ def internal(stats: Stats, reason: str, exc: Exception) -> None:
     stats.error(reason, exc)
     if raise_internal:
         raise exc
-
-
-def _peek(count: itertools.count[int]) -> int:
-    # repr(count) is "count(<next value>)": its current value, without consuming one (and,
-    # unlike count.__reduce__, still there in Python 3.14)
-    return int(repr(count)[6:-1])
 
 
 @contextmanager

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import atexit
 import enum
 import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _errors, _signals
+from . import _errors, _hooks, _keeper, _signals
 from ._config import Config, build_config
 from ._errors import Stats, StatsSnapshot
 from ._scope import GLOBAL
 from ._session import Session
-from ._slot import SLOT
 from ._window import started_before_fork
 from .exporters._counters import DEFAULT
 
@@ -117,18 +115,34 @@ def configure(
     config = build_config({**given, **extra})
     session = Session(config)
     old = install(session)
-    # on the caller's thread (Python installs handlers on the main thread only), after the
-    # session is the global one; puts back what an earlier trigger_signal replaced
-    _signals.apply(config.trigger_signal if config.enabled else None, session, session.stats)
     if old is not None:
         retire(old)
     return config
 
 
 def install(session: Session | None) -> Session | None:
-    """Make ``session`` the global one (started first); returns the one it replaced."""
+    """Make ``session`` the global one (started first); returns the one it replaced.
+
+    Where a session starts, its hooks are installed: the exit flush and the fork reset
+    (here), torch's profiler hooks (``Session.start``) and the trigger signal (on the
+    caller's thread: Python installs handlers on the main thread only), which also puts back
+    what an earlier ``trigger_signal`` replaced. ``None`` takes the signal handler back.
+    """
     if session is not None:
+        _hooks.at_exit(_at_exit)
+        _hooks.at_fork_in_child("global", _after_fork_in_child)
         session.start()
+    try:
+        return _swap(session)
+    finally:
+        if session is not None:
+            config = session.config
+            _signals.apply(config.trigger_signal if config.enabled else None, session, session.stats)
+        else:
+            _signals.apply(None, None, Stats())
+
+
+def _swap(session: Session | None) -> Session | None:
     with _configure_lock:
         old: Session | None = GLOBAL.session
         GLOBAL.session = session
@@ -203,8 +217,12 @@ def shutdown(timeout: float = 5.0) -> bool:
     Puts back the signal handler that ``trigger_signal`` replaced.
     """
     session = install(None)
-    _signals.apply(None, None, session.stats if session is not None else Stats())
-    return True if session is None else session.shutdown(timeout)
+    flushed = True if session is None else session.shutdown(timeout)
+    if get_session() is None:  # the last session: profkit's hooks come out of the process
+        _keeper.remove_hooks()
+        if not _keeper.window_held():  # (else the exit still has a window to stop)
+            _hooks.cancel_at_exit(_at_exit)
+    return flushed
 
 
 def forget() -> None:
@@ -223,7 +241,7 @@ def _at_exit() -> None:
         except Exception as exc:  # never turn interpreter exit into a traceback
             _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
     try:
-        SLOT.stop_left_at_exit()
+        _keeper.stop_left_at_exit()
     except Exception as exc:
         _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
     if started_before_fork():
@@ -240,6 +258,3 @@ def _after_fork_in_child() -> None:
     if session is not None:
         session.at_fork_reinit()
 
-
-atexit.register(_at_exit)
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,9 +1,18 @@
-"""After the sampler: the gate a chosen call passes, and the keeper of a session's windows.
+"""The owner of a window's life: the one module that opens, joins, cuts short, closes and
+discards profiler windows (a test holds every other module to it).
 
-:class:`Gate` turns a sampled decision away when a window could not be exported or would
-cost more than the budget; :class:`WindowKeeper` closes, cuts short and discards windows
-(the slot's ``WindowOwner``) and hands closed ones to the export pipeline. Speculative
-windows (``capture_slow``) keep only their slow calls; one with none is released unread.
+:class:`WindowKeeper` is one session's: it opens a window for a call the decision chose
+(:mod:`profkit._decide`), joins calls to it, and hands closed windows to that session's
+export pipeline. The module functions act on whatever window holds the process-wide slot
+(:mod:`profkit._slot`), whichever session opened it (``Window.keeper``): the checkpoint that
+enforces ``max_window_s``, the thread-end guard, the exit stop, the fork reset and the hook
+that keeps a user's own profiler from overlapping a window.
+
+The window-lifetime rule (docs/reliability.md): a window never outlives what profkit can
+close. Only the window's own thread can stop a thread-local profiler, so a window whose
+calls have all ended is closed at once, unless ``window`` > 1 or ``warmup`` > 0 asked for
+more calls in it (then it waits for its thread's next root call, cut short at
+``max_window_s`` there). Speculative windows (``capture_slow``) never wait.
 """
 
 from __future__ import annotations
@@ -11,125 +20,75 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import SpanContext
 
+from . import _hooks
 from ._config import Config
+from ._deadline import Deadline
 from ._errors import Stats, guard
 from ._pipeline import ExportPipeline
-from ._records import CallRecord
+from ._records import CallRecord, Policy
 from ._sampling import RateLimiter
 from ._slot import SLOT
 from ._slow import LatencyBook, Speculation
-from ._window import Window
+from ._window import Window, foreign_profiler_active, make_profiler
 
-__all__ = ["Gate", "WindowKeeper", "judge"]
+__all__ = [
+    "WindowKeeper",
+    "checkpoint",
+    "held_here",
+    "judge",
+    "orphaned",
+    "stop_left_at_exit",
+]
 
-#: seconds an over-budget verdict stands before the CPU share is read again
-_OVER_RECHECK_S = 0.01
+#: other root calls that may run on a window's thread while it records (a thread-local
+#: profiler records them too: on a busy event loop they fill a window within milliseconds)
+_MAX_OTHERS = 200
+#: longest a user's profiler start keeps windows shut before torch's own flag takes over
+_FOREIGN_START_S = 5.0
+#: how often a waiter looks whether the slot was freed
+_POLL_S = 0.005
+#: the most the profiler's start stalls the first call of a window (measured: 1-5 ms)
+_START_STALL_NS = 5_000_000
 
 
-def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Callable[[], int]) -> None:
+def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> None:
     """A profiled call ended under capture_slow: the label's unprofiled median beside it
     (the observer effect); a speculative call is kept when slower than the threshold.
 
     What the export worker took of the call's time (its busy time while the call ran: it
-    holds the GIL while it summarises) does not count: otherwise a fast call that ran while
-    the worker summarised a slow one would look slow, and its window would keep the worker
-    busy in turn. The call that opened the window is never kept: right after a start the
-    profiler's own threads stall about one first call in five by 1-5 ms (torch 2.13, CPU).
-    A call still running when its window is cut short is judged on its time until the cut:
-    the slowest calls are the ones that outlast a window (``max_window_s``)."""
+    holds the GIL while it summarises) does not count, nor, for a window's first call, the
+    stall the profiler's start may cause. A call still running when its window is cut short
+    is judged on its time until the cut (the slowest calls outlast a window).
+    """
     label = call.scopes[0].label if call.scopes else ""
     call.unsampled_p50_ms = book.p50_ms(label)
-    if call.policy != "speculative":
+    if call.policy is not Policy.SPECULATIVE:
         return
     root = call.scopes[0] if call.scopes else None
     limit = None
-    if root is not None and call.index > 0:  # cut short: its time so far (end_ns: the cut)
-        limit = book.judge(label, root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns))
+    if root is not None:  # (end_ns: the end, or the cut)
+        took = root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns)
+        if call.index == 0:  # right after a start the profiler stalls about one call in five
+            took -= _START_STALL_NS  # by 1-5 ms (torch 2.13, CPU): not the call's own time
+        limit = book.judge(label, took)
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
-        call.policy = "slow"
+        call.policy = Policy.SLOW
         stats.add("sampled")
     else:
-        call.policy = "released"
+        call.policy = Policy.RELEASED
         stats.add("speculative_released")
         # its per-op recording is profkit's cost too: the worker, which charges a read
         # window's, never sees a released call (the profiled-over-unprofiled median)
         stats.cpu.charge(book.inflation_ns(label) / 1e9)
 
 
-class Gate:
-    """What a call the sampler (or a client's baggage) chose must pass before a window opens.
-
-    Checked in this order, so that a call turned away uses up no rate-cap token: the export
-    queue is full (a window recorded now could not be exported: ``skipped_backlog``),
-    profkit is over its CPU budget (``skipped_budget``), the rate cap
-    (``skipped_rate_limit``). Only sampled decisions get here, never the off-sample path.
-    A refused call is counted under its reason.
-    """
-
-    def __init__(self, config: Config, stats: Stats, pipeline: ExportPipeline) -> None:
-        self._stats = stats
-        self._pipeline = pipeline
-        self._budget = config.max_overhead
-        #: ``time.monotonic()`` until which profkit is known to be over its budget
-        self._over_until = 0.0
-        self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
-        #: speculative windows (capture_slow) have a rate cap of their own, of the same size
-        per_minute = config.max_per_minute if config.capture_slow else None
-        self._spec_limiter = RateLimiter(per_minute) if per_minute else None
-
-    def admits(self) -> bool:
-        """Whether this call may open a window; if not, count the reason."""
-        refused = self.refused()
-        if refused is not None:
-            next(self._stats.refused[refused])
-        return refused is None
-
-    def refused(self) -> str | None:
-        """The counter of the reason this call is not profiled after all, or None."""
-        if self._pipeline.full():
-            return "skipped_backlog"
-        if self._budget is not None and self._over_budget():
-            return "skipped_budget"
-        if self._limiter is not None and not self._limiter.allow():
-            return "skipped_rate_limit"
-        return None
-
-    def _over_budget(self) -> bool:
-        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
-        without asking (the share reads the process's CPU clock, a system call: at
-        ``sample_every=1`` over budget that was ~1.7 µs on every call, now ~0.1 µs)."""
-        now = time.monotonic()
-        if now < self._over_until:
-            return True
-        assert self._budget is not None
-        if self._stats.cpu.share() >= self._budget:
-            self._over_until = now + _OVER_RECHECK_S
-            return True
-        return False
-
-    def speculate(self) -> bool:
-        """Whether a speculative window may open now: room in the queue, in the budget and
-        in its own rate cap (nothing is counted when not: no call was sampled)."""
-        if self._pipeline.full():
-            return False
-        if self._budget is not None and self._over_budget():
-            return False
-        return self._spec_limiter is None or self._spec_limiter.allow()
-
-
 class WindowKeeper:
-    """Closes, cuts short and discards the windows of one session (the slot's WindowOwner).
-
-    Opens a window for a chosen call and joins calls to it (on the request path), closes and
-    truncates it (on its own thread), discards it (wherever the slot frees a window whose
-    thread is gone). A closed window goes to the session's pipeline.
-    """
+    """One session's windows: open, join, close, cut short, discard; hand off to export."""
 
     def __init__(
         self,
@@ -141,34 +100,56 @@ class WindowKeeper:
         self._config = config
         self.stats = stats
         self.pipeline = pipeline
-        self.all_threads = config.all_threads
         self.speculation = speculation
         self._window_ids = itertools.count(1)
+        self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
+        #: speculative windows (capture_slow) have a rate cap of their own, of the same size
+        spec = config.max_per_minute if config.capture_slow else None
+        self._spec_limiter = RateLimiter(spec) if spec else None
         #: the next window's profiler, built ahead (the session's start(), the worker)
         self.spare: Any = None
 
     # -- open and join (the request path) ---------------------------------------------------
 
     def open(
-        self, policy: str, parent: SpanContext | None, speculative: int = 0
+        self,
+        policy: Policy,
+        parent: SpanContext | None,
+        *,
+        spend: Any = None,
+        sampler: str = "",
+        speculative: int = 0,
     ) -> CallRecord | None:
-        """Open a window for this call; ``speculative``: one of that many calls, counted
-        only when slow (a speculative call that cannot have its window is just not timed)."""
+        """Open a window for a call the decision chose, or count why it could not.
+
+        In this order, so that a refusal spends nothing: the slot is taken (else
+        ``skipped_busy``), no one else's profiler runs or starts (``skipped_foreign``), the
+        rate cap has a token (``skipped_rate_limit``; a trigger is not capped), then
+        ``spend()`` (taking the trigger) agrees.
+        A speculative call (``speculative``: the window's size) counts no refusal: it was
+        not sampled.
+        """
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
-        if not SLOT.acquire():
-            if not speculative:
-                self.stats.skip("skipped_busy")
+        if not SLOT.acquire() and not _reclaim_if_owner_exited():
+            self._refuse(speculative, "skipped_busy")
             return None
         win: Window | None = None
         opened = charged = False
         try:
-            if not SLOT.may_open():
-                if not speculative:
-                    self.stats.skip("skipped_foreign")
+            if not _may_open():
+                self._refuse(speculative, "skipped_foreign")
                 return None
+            limiter = self._spec_limiter if speculative else self._limiter
+            if policy is Policy.TRIGGER:
+                limiter = None
+            if limiter is not None and not limiter.allow():
+                if not speculative:
+                    next(self.stats.refused["skipped_rate_limit"])
+                return None
+            if spend is not None and not spend():
+                return None  # another thread took the last trigger meanwhile
             win = Window(next(self._window_ids), self._config, speculative)
-            if speculative:
-                win.roots_at_open = self.stats.root_calls - 1  # before this call
+            win.keeper = self
             spare, self.spare = self.spare, None  # built ahead, off the request path
             with guard(self.stats, "profiler_start"):
                 win.start(spare)
@@ -180,8 +161,9 @@ class WindowKeeper:
             self.stats.add("windows")
             self.stats.cpu.charge(time.thread_time() - cpu0)  # before the window is visible
             charged = True
-            SLOT.occupy(self, win)
-            call = self.join(win, policy, parent)
+            SLOT.occupy(win)
+            _ThreadEndGuard.ensure()
+            call = self.join(win, policy, parent, sampler)
             opened = True  # only now: an exception before leaves no window without its call
             return call
         finally:
@@ -192,7 +174,14 @@ class WindowKeeper:
                 if not charged:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # after cleaning up
 
-    def join(self, win: Window, policy: str, parent: SpanContext | None) -> CallRecord:
+    def _refuse(self, speculative: int, reason: str) -> None:
+        if not speculative:
+            self.stats.skip(reason)
+
+    def join(
+        self, win: Window, policy: Policy, parent: SpanContext | None, sampler: str = ""
+    ) -> CallRecord:
+        """Add a root call to ``win`` (one ``append``: the window's counts derive from it)."""
         warm = not win.speculative and len(win.calls) < self._config.warmup
         call = CallRecord(
             window=win,
@@ -201,14 +190,34 @@ class WindowKeeper:
             warmup=warm,
             parent_span_context=parent if parent is not None and parent.is_valid else None,
             thread_name=threading.current_thread().name,
+            sampler=sampler,
         )
-        if policy == "speculative":
+        if policy is Policy.SPECULATIVE:
             call.worker_busy_ns = self.pipeline.busy_ns()
-        self.stats.add("warmup_calls" if warm else policy if policy == "speculative" else "sampled")
-        win.calls.append(call)  # joined: one atomic step (the window's counts derive from it)
+        counter = "warmup_calls" if warm else "speculative"
+        self.stats.add(counter if warm or policy is Policy.SPECULATIVE else "sampled")
+        win.calls.append(call)
         return call
 
-    # -- a root call on the window's thread yielded ----------------------------------------
+    def spend_rate_token(self) -> bool:
+        """A call that joins a speculative window on its own terms (a trigger, baggage)
+        spends a token of the rate cap, as a window of its own would."""
+        return self._limiter is None or self._limiter.allow()
+
+    # -- a root call ended, or yielded ------------------------------------------------------
+
+    def ended(self, call: CallRecord, active: bool) -> None:
+        """A root call of one of this keeper's windows ended: close the window if it is done.
+
+        Done: full (``window`` and ``warmup`` ask for more calls in one window), the
+        session stopped, or a speculative window's calls all ended (it never waits on a
+        thread that may idle).
+        """
+        win = call.window
+        if win.in_flight:
+            return
+        if (win.full or not active or win.speculative) and SLOT.held is win:
+            self.close_window(win)
 
     def yielded(self, call: CallRecord) -> None:
         """A sampled generator root yielded; its next step may run on another thread.
@@ -216,14 +225,9 @@ class WindowKeeper:
         Its thread-local window stops now (the calls are exported as truncated,
         ``"first_step"``); a window recording all threads goes on (any thread can stop it).
         """
-        held = SLOT.held
-        if (
-            not self.all_threads
-            and held is not None
-            and held.window is call.window
-            and call.window.owner == threading.get_ident()
-        ):
-            self.truncate(call.window, "first_step")
+        win = call.window
+        if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
+            self.truncate(win, "first_step")
 
     # -- control ----------------------------------------------------------------------------
 
@@ -250,21 +254,17 @@ class WindowKeeper:
             win.ensure_stopped()
             raise
         finally:
-            try:
-                SLOT.vacate(win)
-            except BaseException:  # cut short itself: it is idempotent, so once more
-                SLOT.vacate(win)
-                raise
+            _retry_once(SLOT.vacate, win)
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:
-        """A stopped speculative window keeps only the calls found slow (or triggered)."""
+        """A stopped speculative window keeps only the calls found slow (or asked for)."""
         spec = self.speculation  # set whenever speculative windows open (capture_slow)
         if spec is not None:
             spec.closed(len(win.calls), stop_s)
             for call in win.calls:
-                if call.policy == "speculative":  # still running, cut short: judged so far
+                if call.policy is Policy.SPECULATIVE:  # still running, cut short: judged so far
                     judge(spec.book, self.stats, call, self.pipeline.busy_ns)
-        win.calls[:] = [c for c in win.calls if c.policy not in ("speculative", "released")]
+        win.calls[:] = [c for c in win.calls if c.policy.exported]
 
     def truncate(self, win: Window, reason: str) -> None:
         """Stop ``win`` now, on its thread, though calls still run in it; export what it has.
@@ -290,3 +290,236 @@ class WindowKeeper:
                 self.stats.drop(reason, recorded)
         finally:
             SLOT.vacate(win)
+
+    def close_idle(self) -> None:
+        """Let go of this keeper's window that waits for more calls, if any (shutdown).
+
+        On its own thread it closes now; if that thread has exited it is discarded now;
+        otherwise that thread's next root call (under any session) closes it.
+        """
+        win = SLOT.held
+        if win is None or win.keeper is not self or win.in_flight:
+            return  # none, or its running call closes it on exit (the session is inactive)
+        if win.owner_thread is threading.current_thread():
+            self.close_window(win)
+        elif not win.owner_thread.is_alive():
+            _discard_if_still(win, "owner_exited")
+
+    def wait_for_other_thread(self, deadline: Deadline) -> None:
+        """Wait while this keeper has calls in flight in a window on another thread.
+
+        It polls: the request path that frees the slot takes no Python-level lock or
+        condition (a signal's exception landing inside one would leave it taken).
+        """
+        while not deadline.passed:
+            win = SLOT.held
+            if win is None or win.keeper is not self:
+                return
+            if not win.in_flight or win.owner == threading.get_ident():
+                return
+            time.sleep(min(deadline.left(), _POLL_S))
+
+    def build_spare(self) -> None:
+        """Build the next window's profiler ahead: ~0.1 ms that no request then pays."""
+        if self.spare is None:
+            with guard(self.stats, "profiler_build"):
+                self.spare = make_profiler(self._config)
+
+
+# -- whatever window holds the slot -------------------------------------------------------
+
+
+def held_here(keeper: WindowKeeper) -> Window | None:
+    """A root call on this thread while a window holds the slot: the window it may join.
+
+    First the checkpoint: a window closed but still held is freed, one past its deadline is
+    cut short, an idle one of a replaced session or one whose calls all ended is closed.
+    Returns the window of ``keeper`` on this thread that has room, else None (and another
+    request on a thread the window records, an event loop's, is counted against it).
+    """
+    win = SLOT.held
+    if win is None or win.owner != threading.get_ident():
+        return None
+    owner = win.keeper
+    if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
+        SLOT.vacate(win)
+    elif time.monotonic() > win.deadline:
+        owner.truncate(win, win.cut_reason)
+    elif owner is not keeper:
+        if win.in_flight == 0:
+            owner.close_window(win)  # an idle window of a replaced session
+    elif not win.full:
+        return win
+    elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
+        owner.close_window(win)
+    else:  # another request on a thread the window records (an event loop's)
+        win.others += 1
+        if win.others > _MAX_OTHERS:
+            owner.truncate(win, "busy_thread")
+    return None
+
+
+def checkpoint() -> None:
+    """A point profkit controls on this thread: cut a window past ``max_window_s`` short."""
+    win = SLOT.held
+    if win is not None and win.owner == threading.get_ident() and time.monotonic() > win.deadline:
+        win.keeper.truncate(win, win.cut_reason)
+
+
+def orphaned() -> None:
+    """A root call on a thread when no session takes root calls (shut down, disabled):
+    a window this thread still holds, idle, closes now (its calls, if any, are counted as
+    dropped by the shut pipeline), instead of recording this thread for ever."""
+    win = SLOT.held
+    if win is not None and win.owner == threading.get_ident() and not win.in_flight:
+        with guard(win.keeper.stats, "orphaned"):  # runs on the user's call: never raise
+            win.keeper.close_window(win)
+
+
+def _may_open() -> bool:
+    """No profiler of anyone else's is running or starting."""
+    starting = SLOT.foreign_starting
+    if starting and time.monotonic() - starting < _FOREIGN_START_S:
+        return False
+    return not foreign_profiler_active()
+
+
+def _reclaim_if_owner_exited() -> bool:
+    """Free a window whose thread exited with it open; True when the slot is then ours."""
+    win = SLOT.held
+    if win is None or win.owner_thread.is_alive():
+        return False
+    return _discard_if_still(win, "owner_exited") and SLOT.acquire()
+
+
+def _discard_if_still(win: Window, reason: str) -> bool:
+    """Discard ``win`` if it still holds the slot (whoever gets the reclaim lock first)."""
+    if not SLOT.reclaim_lock.acquire(blocking=False):
+        return False
+    try:
+        if SLOT.held is not win:
+            return False
+        win.keeper.discard_window(win, reason)
+        return True
+    finally:
+        SLOT.reclaim_lock.release()
+
+
+def _retry_once(fn: Any, *args: Any) -> None:
+    """Run ``fn`` (idempotent); once more if a signal's exception cut the first run short."""
+    try:
+        fn(*args)
+    except BaseException:
+        fn(*args)
+        raise
+
+
+class _ThreadEndGuard:
+    """Closes (and exports) the window still open on a thread when that thread ends.
+
+    One lives in a ``threading.local`` of each thread that opened a window: CPython clears
+    a thread's locals on that thread as it ends, before the C++ thread-locals holding
+    torch's thread-local profiler state are destroyed. A profiler still enabled there makes
+    torch warn ("Leaked callback handle") and the process crash at exit (torch 2.13). It is
+    made once per thread, never replaced, so that its finalizer runs only at the thread's end.
+    """
+
+    __slots__ = ()
+    _local = threading.local()
+
+    @classmethod
+    def ensure(cls) -> None:
+        if getattr(cls._local, "guard", None) is None:
+            cls._local.guard = cls()
+
+    def __del__(self) -> None:
+        win = SLOT.held
+        if win is None or win.in_flight or win.owner != threading.get_ident():
+            return  # closed already (the usual case), a call still runs, or not this thread's
+        win.keeper.close_window(win)  # guarded inside: a finalizer must not raise
+
+
+def stop_left_at_exit() -> None:
+    """At interpreter exit, stop a profiler that profkit left running and would crash it.
+
+    torch tears down a still-enabled profiler's state during exit, after its callbacks are
+    gone, and the process dies with SIGSEGV (torch 2.13: a thread-local profiler on the main
+    thread, or an all-threads one started anywhere). A thread-local profiler on another live
+    thread is left alone.
+    """
+    win = SLOT.held
+    if win is None:
+        return
+    if not win.config.all_threads and win.owner_thread is not threading.current_thread():
+        return
+    _discard_if_still(win, "shutdown")
+
+
+def _after_fork_in_child() -> None:
+    """Fresh slot; the parent's window, whose thread the child lacks, is given up."""
+    win = SLOT.held
+    if win is not None and win.owner_thread is not threading.current_thread():
+        # the window's thread does not exist in the child: nor does its profiler state,
+        # but the process-wide "a profiler is running" flag was copied and would block us
+        win.discard()
+    SLOT.reset()
+
+
+def _before_foreign_start() -> None:
+    """Someone else's torch profiler is about to start: make sure it overlaps no window.
+
+    Two profilers at once crash the process. From now on no window opens; a window that is
+    starting (claimed, not yet held) or open on another thread is asked to stop at its next
+    checkpoint (its deadline is brought forward) and waited for. A window on this very
+    thread (the user's profiler inside a sampled call) cannot be waited for: torch empties
+    it, so its calls are dropped (``foreign_profiler``).
+
+    Raises:
+        RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
+            starting the profiler anyway would crash the process.
+    """
+    SLOT.foreign_starting = time.monotonic()
+    limit: Deadline | None = None
+    while SLOT.claimed:
+        win = SLOT.held
+        if win is not None and win.owner == threading.get_ident():
+            win.clobbered = True
+            return
+        if win is not None:
+            win.cut_reason = "foreign_profiler"
+            win.deadline = 0.0  # stop at the next checkpoint
+            if limit is None:
+                limit = Deadline(max(_FOREIGN_START_S, 2 * win.config.max_window_s))
+        if limit is None:
+            limit = Deadline(_FOREIGN_START_S)  # still starting: it takes milliseconds
+        if limit.passed:
+            SLOT.foreign_starting = 0.0
+            raise RuntimeError(
+                "profkit: a sampled call on another thread still records a profiler "
+                "window; starting a second torch profiler now would crash the process "
+                "(see profkit's reliability docs, 'Your own profiler')"
+            )
+        time.sleep(_POLL_S)
+
+
+def _after_foreign_start() -> None:
+    """The foreign profiler is on (torch's flag now keeps new windows shut)."""
+    SLOT.foreign_starting = 0.0
+
+
+def install_hooks() -> None:
+    """Where a session starts: torch's profiler hooks and the fork reset (idempotent)."""
+    _hooks.install_profiler_hooks(_before_foreign_start, _after_foreign_start)
+    _hooks.at_fork_in_child("slot", _after_fork_in_child)
+
+
+def window_held() -> bool:
+    """Whether a window holds (or is claiming) the slot."""
+    return SLOT.claimed
+
+
+def remove_hooks() -> None:
+    """Where the last session stops: torch's own functions back, once no window is held."""
+    if not SLOT.claimed:
+        _hooks.remove_profiler_hooks()
+

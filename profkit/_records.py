@@ -8,6 +8,7 @@ Nothing here imports torch, so the summary builder is testable on synthetic reco
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,11 +22,35 @@ __all__ = [
     "COMPILED",
     "CallRecord",
     "CompiledLabels",
+    "Policy",
     "RawEvent",
     "ScopeRecord",
     "Unreadable",
     "WindowEvents",
 ]
+
+
+class Policy(enum.Enum):
+    """Why a root call runs under the profiler (``CallSummary.policy`` says it as text).
+
+    A speculative call (``capture_slow``) is judged when it ends: it becomes ``SLOW``
+    (exported) or ``RELEASED`` (never read). Only the judge changes a call's policy.
+    """
+
+    SAMPLER = "sampler"
+    """The sampler chose it (exported as the sampler's description: "every:100")."""
+    TRIGGER = "trigger"
+    BAGGAGE = "baggage"
+    WINDOW = "window"
+    """It joined a window opened for an earlier call (``window`` > 1)."""
+    SPECULATIVE = "speculative"
+    SLOW = "slow"
+    RELEASED = "released"
+
+    @property
+    def exported(self) -> bool:
+        """Whether a call with this policy is read and exported."""
+        return self is not Policy.SPECULATIVE and self is not Policy.RELEASED
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,7 +95,7 @@ class CallRecord:
 
     window: Window
     index: int
-    policy: str
+    policy: Policy
     warmup: bool
     parent_span_context: object | None
     thread_name: str
@@ -89,6 +114,13 @@ class CallRecord:
     """The label's recent unprofiled median when the call ended (``capture_slow``)."""
     worker_busy_ns: int = 0
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
+    sampler: str = ""
+    """The sampler's description, for policy ``SAMPLER``."""
+
+    @property
+    def policy_name(self) -> str:
+        """The policy as exported: the sampler's description, or the policy's name."""
+        return self.sampler if self.policy is Policy.SAMPLER else self.policy.value
 
     def close_scopes(self) -> Exception | None:
         """Close every scope still open, innermost first; returns a failure, if any."""

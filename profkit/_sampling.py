@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+from ._compat import peek_count
 
 __all__ = [
     "EveryN",
@@ -164,13 +165,20 @@ class Triggered:
                 self._labelled += n
             self._settle()
 
+    def applies(self, label: str) -> bool:
+        """Whether a pending trigger may be for ``label`` (no lock; nothing taken)."""
+        if not self.pending:  # the common case
+            return False
+        # only other labels' triggers: no (one for a typo'd label would otherwise make
+        # every later root call take the lock)
+        return bool(self._any or label in self._by_label) or (
+            self._mark != peek_count(self._signals)
+        )
+
     def take(self, label: str = "") -> bool:
         """Consume one pending trigger for a root call of ``label``; False when none applies."""
-        if not self.pending:  # unlocked fast path: the common case
+        if not self.applies(label):  # unlocked fast path
             return False
-        if not self._any and label not in self._by_label and self._mark == _peek(self._signals):
-            return False  # only other labels' triggers: no lock (one for a typo'd label
-            # would otherwise make every later root call take it)
         with self._lock:
             self._any += self._drain()
             taken = True
@@ -211,6 +219,3 @@ class Triggered:
             self._any += signals
 
 
-def _peek(count: itertools.count[int]) -> int:
-    """The next number ``count`` hands out, without taking it (repr: "count(<n>)")."""
-    return int(repr(count)[6:-1])

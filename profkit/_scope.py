@@ -33,6 +33,9 @@ from torch.autograd.profiler import record_function
 
 from . import _errors
 from ._compiler import compiled_away, compiling
+from ._decide import OFF as NOT_PROFILED
+from ._decide import PROFILED, TIMED
+from ._keeper import checkpoint, orphaned
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
 from ._slot import SLOT
@@ -115,7 +118,7 @@ def _open(
     call.scopes.append(record)
     FRAME.set(active)
     try:
-        SLOT.checkpoint()
+        checkpoint()
     except RecursionError:  # no stack left here (from now on, none raises out of _open)
         return active
     if call.stopped:
@@ -149,19 +152,22 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
         session = GLOBAL.session
         if session is None or not session.active:
             if SLOT.held is not None:  # a window this thread still holds closes
-                SLOT.orphaned()
+                orphaned()
             return None
         call = None
         try:
             FRAME.set(OFF)
+            decision = NOT_PROFILED
             try:  # a failing begin_root is counted; the call then runs unsampled
-                call = session.begin_root(label, spec)
+                decision = session.begin_root(label, spec)
             except Exception as exc:
                 _errors.internal(session.stats, "begin_root", exc)
-            if call is None:
+            kind, what = decision
+            if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
+                return Timed(session.timed, label, what)
+            if kind is not PROFILED:
                 return OFF
-            if call.__class__ is int:  # capture_slow: unprofiled, timed; the frame is OFF
-                return Timed(session.timed, label, call)
+            call = what
             return _open(call, None, session, label, attributes, code)
         except BaseException as exc:
             _abort_root(call, session, exc)
@@ -175,11 +181,11 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
         raise
 
 
-def _abort_root(call: CallRecord | int | None, session: Any, error: BaseException | None) -> None:
+def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:
     """Undo a root call whose entry was interrupted, from what the frame says happened."""
     frame = FRAME.get()
     FRAME.set(None)
-    if not isinstance(call, CallRecord):  # None, or an int: a timed call (nothing to undo)
+    if call is None:  # not profiled, or the decision was cut short: the frame may know
         call = frame.call if isinstance(frame, Active) else None
     if call is not None:
         _end_root(session, call, error)
@@ -220,7 +226,7 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         if entered.session is not None:
             _end_root(entered.session, call, error)
         elif not call.stopped:
-            SLOT.checkpoint()
+            checkpoint()
 
 
 def _end_root(session: Any, call: CallRecord, error: BaseException | None) -> None:
@@ -270,7 +276,8 @@ def sync_call(
     pk_compiling, pk_compiled_away = compiling, compiled_away
     pk_get, pk_set, pk_reset, pk_off, pk_global = FRAME.get, FRAME.set, FRAME.reset, OFF, GLOBAL
     pk_open, pk_internal = _open, _errors.internal
-    pk_leave_nested, pk_leave_root, pk_int, pk_slot = _leave_nested, _leave_root, int, SLOT
+    pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
+    pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -299,33 +306,33 @@ def sync_call(
         session = pk_global.session
         if session is None or not session.active:
             if pk_slot.held is not None:  # a window this thread still holds closes
-                pk_slot.orphaned()
+                pk_orphaned()
             return pk_fn(*args, **kwargs)
-        call = entered = error = token = None
+        decision = pk_no
+        entered = error = token = None
         try:
             token = pk_set(pk_off)
             try:  # a failing begin_root is counted; the call then runs unsampled
-                call = session.begin_root(pk_label)
+                decision = session.begin_root(pk_label)
             except Exception as exc:
                 pk_internal(session.stats, "begin_root", exc)
-            if call is None or call.__class__ is pk_int:  # unprofiled (int: capture_slow's t0)
+            if decision is pk_no or decision[0] is not pk_profiled:  # (timed: capture_slow)
                 return pk_fn(*args, **kwargs)
-            entered = pk_open(call, None, session, pk_label, pk_attributes, pk_code)
+            entered = pk_open(decision[1], None, session, pk_label, pk_attributes, pk_code)
             return pk_fn(*args, **kwargs)
         except BaseException as exc:
             error = exc
             raise
         finally:
-            if call is None:  # by token when it was stored (cheaper), else by value
-                pk_reset(token) if token is not None else pk_set(None)
-            elif call.__class__ is pk_int:
-                pk_reset(token) if token is not None else pk_set(None)
-                session.timed(pk_label, call)
+            if decision is pk_no or decision[0] is not pk_profiled:
+                pk_reset(token) if token is not None else pk_set(None)  # by token: cheaper
+                if decision[0] is pk_timed:
+                    session.timed(pk_label, decision[1])
             else:
                 try:
-                    pk_leave_root(entered, call, session, error)
+                    pk_leave_root(entered, decision[1], session, error)
                 except BaseException:  # a signal's exception cut the first attempt short
-                    pk_leave_root(entered, call, session, error)
+                    pk_leave_root(entered, decision[1], session, error)
                     raise
 
     return profiled_call
@@ -365,7 +372,7 @@ class Stepped:
         if self._frame is None:
             return None
         if self._entered is not None:
-            SLOT.checkpoint()
+            checkpoint()
         return FRAME.set(self._frame)
 
     def step_out(self, token: Token[Any] | None) -> None:

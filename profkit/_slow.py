@@ -12,13 +12,14 @@ label has a baseline, and only after some unprofiled calls since the last one (s
 keeps learning from calls the profiler did not slow down), within its own rate cap and the
 overhead budget.
 
-While this is on, ``Session.begin_root`` returns the ``perf_counter_ns()`` start of an
-unprofiled root call (an int: no object to build); the scope hands it back with the label
-when the call ends (:class:`Timed` holds both for scopes entered through ``enter``).
+While this is on, the decision for an unprofiled root call is ``(TIMED, start)`` with its
+``perf_counter_ns()`` start; the scope hands it back with the label when the call ends
+(:class:`Timed` holds both for scopes entered through ``enter``).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,8 @@ _PROFILED = 64
 MAX_CALLS = 16
 #: unprofiled root calls before speculation is asked again, after it could not open
 _RETRY = 16
+#: multiples of the rest between speculative windows, in turn
+_RESTS = (1, 0, 2)
 #: a speculative window's stop (on the request thread) above this halves the next one's calls
 _STOP_HIGH_S, _STOP_LOW_S = 0.002, 0.0005
 
@@ -156,27 +159,32 @@ class LatencyBook:
 class Speculation:
     """When a speculative window may open, and how many calls it may take."""
 
-    def __init__(self, book: LatencyBook, allow: Callable[[], bool]) -> None:
+    def __init__(self, book: LatencyBook) -> None:
         self.book = book
-        self._allow = allow  # the rate cap and the budget (the session's)
+        self._rests = itertools.cycle(_RESTS)
         #: calls the next speculative window may record (adapted to what stopping costs)
         self.calls = MAX_CALLS
         #: unprofiled root calls to let through before the next try (read on every one)
         self.rest = 0
 
-    def want(self, label: str) -> bool:
-        """For an unprofiled root call whose ``rest`` is over: open a speculative window?"""
-        if not self.book.ready(label):
-            self.rest = _RETRY
-            return False
-        if not self._allow():  # no token, no budget, or the queue is full: ask again later
+    def want(self, label: str, allowed: bool) -> bool:
+        """For an unprofiled root call whose ``rest`` is over: open a speculative window?
+        (``allowed``: the queue has room and profkit is within its budget.)"""
+        if not self.book.ready(label) or not allowed:
             self.rest = _RETRY
             return False
         return True
 
+    def refused(self) -> None:
+        """The window could not open (no slot, no token, someone else's profiler)."""
+        self.rest = _RETRY
+
     def closed(self, calls: int, stop_s: float) -> None:
         """A speculative window of ``calls`` calls stopped in ``stop_s`` s (request thread)."""
-        self.rest = max(1, calls // 4)  # unprofiled calls in between keep the book learning
+        # unprofiled calls in between keep the book learning: a quarter of the window on
+        # average, varied so that a pattern in the traffic (every 10th call slow) never falls
+        # into the rests alone (a window may hold one call: rests of 1 would be a period of 2)
+        self.rest = max(1, calls // 4) * next(self._rests)
         if stop_s > _STOP_HIGH_S:
             self.calls = max(2, self.calls // 2)  # the first call is never judged
         elif stop_s < _STOP_LOW_S:

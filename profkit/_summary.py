@@ -333,7 +333,7 @@ def _build_call(
         label=scopes[0].label,
         scopes=tuple(scopes),
         parent_span_context=call.parent_span_context,
-        policy=call.policy,
+        policy=call.policy_name,
         attribution=attribution,
         error=call.error,
         error_text=ErrorText.of(call.error, limit) if call.error is not None else None,

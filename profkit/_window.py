@@ -6,7 +6,8 @@ write its Chrome trace, free it. It knows how to tell
 whether a profiler someone else started is running (``torch.autograd.profiler.
 _is_profiler_enabled``, a process global that both profiler front-ends set), and primes the
 profiler once per process (its first start costs about a second). Which window may run
-when is the slot's business (:mod:`profkit._slot`), not this module's.
+when is the slot's business (:mod:`profkit._slot`), and what happens to a window the
+owner's (:mod:`profkit._keeper`), not this module's.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
 from torch.profiler import profile
 
+from . import _hooks
+from ._compat import clear_profiler_flag, profiler_enabled_here, profiler_flag
 from ._config import Config
 from ._profiler import cpu_only, make_profiler, measure_recording, ours, ours_starting
 from ._raw import read_cpu_events
@@ -34,14 +37,11 @@ __all__ = [
     "WindowEvents",
     "foreign_profiler_active",
     "make_profiler",
-    "on_foreign_start",
     "prime",
     "recording_cost",
     "started_before_fork",
 ]
 
-#: policies of speculative calls not (or not yet) found slow: never exported
-_UNREAD = ("speculative", "released")
 _primed: set[tuple[str, bool]] = set()
 #: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
 _per_event: dict[tuple[str, bool], float] = {}
@@ -68,44 +68,9 @@ def _note_fork_in_child() -> None:
     _forked_after_start = _forked_after_start or _started_in_pid != 0
 
 
-os.register_at_fork(after_in_child=_note_fork_in_child)
-
-
-def on_foreign_start(before: Callable[[], None], after: Callable[[], None]) -> None:
-    """Run ``before()`` ahead of any torch profiler that is not profkit's own.
-
-    ``torch.profiler.profile`` (and ``torch.autograd.profiler.profile``) first prepare the
-    profiler (``torch.autograd.profiler._prepare_profiler``, which already disturbs one that
-    runs on another thread) and then start it (the hook ``_run_on_profiler_start``). profkit
-    wraps both module functions once per process: ``before`` runs ahead of the preparation
-    and may block (to let an open window stop) or raise (rather than let two profilers
-    overlap); ``after`` runs once the profiler is on.
-    """
-    prepare = getattr(_autograd_profiler, "_prepare_profiler", None)
-    start = getattr(_autograd_profiler, "_run_on_profiler_start", None)
-    if prepare is None or start is None or getattr(start, "_profkit_hook", False):
-        return
-
-    def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
-        if not ours_starting():
-            before()
-        return prepare(*args, **kwargs)
-
-    def run_on_profiler_start() -> None:
-        try:
-            start()
-        finally:
-            if not ours_starting():
-                after()
-
-    run_on_profiler_start._profkit_hook = True  # type: ignore[attr-defined]
-    _autograd_profiler._prepare_profiler = prepare_profiler  # type: ignore[attr-defined]
-    _autograd_profiler._run_on_profiler_start = run_on_profiler_start
-
-
 def foreign_profiler_active() -> bool:
     """True when a torch profiler is running in this process (ours or anyone's)."""
-    return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
+    return profiler_flag()
 
 
 def prime(config: Config) -> float:
@@ -115,6 +80,7 @@ def prime(config: Config) -> float:
     (:func:`recording_cost`). Returns the seconds it took (0.0 when already primed).
     """
     key = (config.activities, config.all_threads)
+    _hooks.at_fork_in_child("window", _note_fork_in_child)
     with _prime_lock:
         if key in _primed or foreign_profiler_active():
             return 0.0
@@ -156,12 +122,12 @@ class Window:
         "cut_reason",
         "deadline",
         "id",
+        "keeper",
         "needed",
         "others",
         "owner",
         "owner_thread",
         "prof",
-        "roots_at_open",
         "speculative",
         "started_ns",
         "stopped_refs",
@@ -176,8 +142,6 @@ class Window:
         #: and exports only those that turn out slow
         self.speculative = speculative
         self.needed = speculative or config.warmup + config.window
-        #: the session's root-call count when a speculative window opened (see Session)
-        self.roots_at_open = 0
         #: the calls that joined, in order; joining is one ``append`` (atomic), and the counts
         #: below are derived from it, so an exception landing anywhere leaves them consistent
         self.calls: list[CallRecord] = []
@@ -192,6 +156,8 @@ class Window:
         self.cut_reason = "max_window_s"
         #: root calls of other requests seen on this window's thread while it recorded
         self.others = 0
+        #: the session's window owner that opened it (:class:`profkit._keeper.WindowKeeper`)
+        self.keeper: Any = None
 
     @property
     def opened(self) -> int:
@@ -207,24 +173,11 @@ class Window:
     def full(self) -> bool:
         return len(self.calls) >= self.needed
 
-    def done_early(self, root_calls: int) -> bool:
-        """A speculative window that should close once no call of its own is in flight.
-
-        Either a call in it was kept (slow, or asked for): exported now, not after more
-        calls, and never left behind on a thread that may idle (a shutdown would then miss
-        it). Or other threads made root calls since it opened (the session has made
-        ``root_calls`` so far): it holds the process's one slot, so no other thread can be
-        sampled, and a pool thread may idle a long time before its next call.
-        """
-        return bool(self.speculative) and (
-            self.recorded > 0 or root_calls - self.roots_at_open > len(self.calls)
-        )
-
     @property
     def recorded(self) -> int:
         """Calls recorded for export (the ``warmup`` calls and released speculative ones are
         not)."""
-        return sum(1 for c in self.calls if not c.warmup and c.policy not in _UNREAD)
+        return sum(1 for c in self.calls if not c.warmup and c.policy.exported)
 
     def start(self, prof: profile | None = None) -> None:
         """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one."""
@@ -252,7 +205,7 @@ class Window:
             finally:
                 # a failed stop must not leave the process-wide flag set: we would skip forever
                 if foreign_profiler_active() and not _still_enabled_here():
-                    _autograd_profiler._is_profiler_enabled = False
+                    clear_profiler_flag()
 
     def ensure_stopped(self) -> None:
         """Stop the profiler if it still runs (a stop an exception cut short); keep the rest."""
@@ -340,7 +293,7 @@ class Window:
 
 
 def _still_enabled_here() -> bool:
-    return bool(torch._C._autograd._profiler_enabled())
+    return profiler_enabled_here()
 
 
 def _force_stop(prof: profile, *, all_threads: bool) -> None:
@@ -354,4 +307,4 @@ def _force_stop(prof: profile, *, all_threads: bool) -> None:
         if all_threads or _still_enabled_here():
             prof.stop()
     if foreign_profiler_active() and not _still_enabled_here():
-        _autograd_profiler._is_profiler_enabled = False
+        clear_profiler_flag()

@@ -12,8 +12,10 @@ need a quiet sampler spend that call first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextvars
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -30,6 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import profkit
+import profkit._scope
 from profkit._global import get_session
 from profkit._slot import SLOT
 from profkit.integrations.fastapi import instrument_app
@@ -40,6 +43,8 @@ pytestmark = pytest.mark.timeout(120)
 X = torch.randn(16, 16)
 QUIET = 10**9
 EVERY = f"every:{QUIET}"
+
+T = TypeVar("T")
 
 
 @profkit.profiled("predict")
@@ -72,7 +77,7 @@ def test_a_call_under_the_baggage_is_profiled_one_without_is_not() -> None:
         with _baggage():
             predict(X)
         predict(X)
-    assert [EVERY, "baggage"] == _policies(cap)
+    assert [EVERY, "baggage"] == _policies(cap)  # (the holder is released: not slow)
     roots = [s for s in cap.spans() if s.name == "predict"]
     assert [EVERY, "baggage"] == [s.attributes["profkit.sampling.policy"] for s in roots]
     events = [e for e in logs if e["event"] == "profkit.profile"]
@@ -132,18 +137,33 @@ def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> No
         baggage_trigger=True, sample_every=QUIET, capture_slow=True, slow_ms=60_000.0
     ) as cap:
         predict(X)  # the sampler's pick
-        predict(X)  # opens a speculative window on this thread (slow_ms: no baseline)
-        held = SLOT.held
-        assert held is not None
-        assert held.window.speculative
-        with _baggage():
-            predict(X)
-        assert SLOT.held is None  # a kept call closes its speculative window: exported now
+
+        @profkit.profiled("holder")
+        def holder() -> None:  # opens a speculative window on this thread (slow_ms: at once)
+            held = SLOT.held
+            assert held is not None
+            assert held.speculative
+            with _baggage():  # another task's call on this thread, while the window records
+                _as_another_task(lambda: predict(X))
+
+        holder()
+        assert SLOT.held is None  # its calls ended: closed, exported now
         predict(X)  # nobody asked, and the rest between speculative windows: timed only
-    assert [EVERY, "baggage"] == _policies(cap)
+    assert [EVERY, "baggage"] == _policies(cap)  # (the holder is released: not slow)
     s = profkit.stats()
     assert s["sampled"] == s["exported"] == 2
     assert s["speculative"] == s["speculative_released"] == 1
+
+
+def _as_another_task(fn: Callable[[], T]) -> T:
+    """``fn`` as another task on this thread would run it: the caller's context (its OTel
+    context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
+
+    def run() -> T:
+        profkit._scope.FRAME.set(None)
+        return fn()
+
+    return contextvars.copy_context().run(run)
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -176,7 +196,7 @@ def test_not_inside_an_unsampled_trace() -> None:
             predict(X)
         with _incoming(tracer, {"traceparent": f"00-{8:032x}-{0x34:016x}-01", **ask}):
             predict(X)
-    assert [EVERY, "baggage"] == _policies(cap)
+    assert [EVERY, "baggage"] == _policies(cap)  # (the holder is released: not slow)
     assert (3, 1) == (cap.stats["root_calls"], cap.stats["skipped_unsampled_trace"])
     spans = memory.get_finished_spans()
     (root,) = [s for s in spans if s.name == "predict" and s.context.trace_id == 8]
@@ -230,7 +250,7 @@ def test_live_fastapi_request_with_the_baggage_header_is_profiled_under_its_serv
     finally:
         FastAPIInstrumentor.uninstrument_app(app)
     assert [200] * 3 == [r.status_code for r in replies]
-    assert [EVERY, "baggage"] == _policies(cap)
+    assert [EVERY, "baggage"] == _policies(cap)  # (the holder is released: not slow)
     spans = memory.get_finished_spans()
     servers = sorted((s for s in spans if s.kind == SpanKind.SERVER), key=lambda s: s.start_time)
     assert 3 == len(servers)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import profkit
 from profkit._global import get_session
 from profkit._slot import SLOT
 from profkit.testing import capture
+
+T = TypeVar("T")
 
 CALLS = 400
 
@@ -184,13 +187,35 @@ def other() -> float:
     return float(torch.ones(8).sum())
 
 
-def _open_speculative_window() -> None:
-    """The sampler's pick, then a speculative window opens on this thread (slow_ms: at once)."""
-    quick()
-    quick()
-    held = SLOT.held
-    assert held is not None
-    assert held.window.speculative
+def _as_another_task(fn: Callable[[], T]) -> T:
+    """``fn`` as another task on this thread would run it: the caller's context (its OTel
+    context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
+
+    def run() -> T:
+        profkit._scope.FRAME.set(None)
+        return fn()
+
+    return contextvars.copy_context().run(run)
+
+
+def _in_speculative_window(body: Callable[[], T], pick: bool = True) -> T:
+    """The sampler's pick, then a speculative window opened by a call (slow_ms: at once) that
+    runs ``body`` while it is open, in a fresh context on the same thread, as another task
+    of an event loop would. The window closes when the call ends (never left idle).
+    ``pick=False``: the sampler's pick was spent already."""
+    if pick:
+        quick()
+
+    @profkit.profiled("holder")
+    def holder() -> T:
+        held = SLOT.held
+        assert held is not None
+        assert held.speculative
+        return _as_another_task(body)
+
+    result = holder()
+    assert SLOT.held is None  # its calls ended: closed, not left open on an idle thread
+    return result
 
 
 def _on_a_thread(fn: Callable[[], object], times: int = 1) -> None:
@@ -203,13 +228,12 @@ def test_a_trigger_is_not_spent_on_a_call_a_speculative_window_keeps_out() -> No
     """trigger(label=) while a speculative window holds the slot on another thread: the call
     that cannot be profiled leaves the trigger to the next one that can."""
     with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0) as cap:
-        _open_speculative_window()
-        profkit.trigger(1, label="other")
-        _on_a_thread(other)  # the slot is taken: not profiled
-        session = get_session()
-        assert session is not None
-        session.close_idle_window()  # the speculative window ends (nothing slow in it)
-        assert SLOT.held is None
+
+        def body() -> None:
+            profkit.trigger(1, label="other")
+            _on_a_thread(other)  # the slot is taken: not profiled
+
+        _in_speculative_window(body)  # it ends (nothing slow in it)
         other()  # the trigger is still there: profiled
     assert ["every:1000000000", "trigger"] == [c.policy for c in cap.calls]
     assert ["quick", "other"] == [c.label for c in cap.calls]
@@ -222,12 +246,8 @@ def test_calls_kept_out_by_a_speculative_window_spend_none_of_the_rate_cap() -> 
     with capture(
         sample_every=10**9, capture_slow=True, slow_ms=60_000.0, max_per_minute=3, exporters=()
     ):
-        _open_speculative_window()  # one token of three
-        _on_a_thread(quick, times=50)
-        session = get_session()
-        assert session is not None
-        session.close_idle_window()
-        for _ in range(4):  # past the rest after a window: the next one opens
+        _in_speculative_window(lambda: _on_a_thread(quick, times=50))  # one token of three
+        for _ in range(2):  # past the rest after a window: the next one opens (token two)
             quick()
         stats = profkit.stats()
     assert 3 == stats["windows"], stats  # the sampler's, and two speculative
@@ -247,7 +267,8 @@ def test_a_slow_call_cut_short_by_max_window_s_is_kept() -> None:
         sample_every=10**9, capture_slow=True, slow_ms=50.0, max_window_s=0.2, exporters=()
     ) as cap:
         long(0.0)  # the sampler's pick
-        long(0.0)  # opens a speculative window (its opener is never kept)
+        long(0.0)  # a speculative window of its own, released
+        long(0.0)  # the rest after a window: timed
         assert 400.0 == long(400.0)
     kept = [c for c in cap.calls if c.policy == "slow"]
     assert 1 == len(kept), [(c.policy, c.truncated) for c in cap.calls]
@@ -270,14 +291,18 @@ def test_generator_roots_are_not_speculated() -> None:
     with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0, exporters=()):
         for _ in range(40):  # the first one is the sampler's pick
             assert [0, 1, 2] == list(stream(3))
-        _open_speculative_window()
-        held = SLOT.held
-        assert held is not None
-        joined = len(held.window.calls)
-        for _ in range(5):  # would cut the speculative window short at their first yield
-            assert [0, 1, 2] == list(stream(3))
-        assert SLOT.held is held
-        assert joined == len(held.window.calls)
+
+        def body() -> int:
+            held = SLOT.held
+            assert held is not None
+            joined = len(held.calls)
+            for _ in range(5):  # would cut the speculative window short at their first yield
+                assert [0, 1, 2] == list(stream(3))
+            assert SLOT.held is held
+            assert joined == len(held.calls)
+            return joined
+
+        joined = _in_speculative_window(body, pick=False)
     stats = profkit.stats()
     assert 2 == stats["windows"], stats  # the sampler's pick, and quick's speculative window
     assert joined == stats["speculative"] == stats["speculative_released"]
@@ -305,11 +330,16 @@ def _idle_on_a_thread_across_shutdown(open_window: Callable[[], object]) -> dict
     return seen
 
 
-def test_shutdown_stops_a_speculative_window_left_idle_on_another_thread() -> None:
-    """After shutdown() no root call reaches a session; a window idle on another live
-    thread closes at that thread's next root call instead of recording it for ever."""
+def test_a_speculative_window_is_never_left_idle_on_another_thread() -> None:
+    """A speculative window closes when its calls end: a thread that then idles (across a
+    shutdown) holds no profiler, and its next root call runs unprofiled."""
     profkit.configure(sample_every=10**9, capture_slow=True, slow_ms=60_000.0, exporters=())
-    seen = _idle_on_a_thread_across_shutdown(_open_speculative_window)
+
+    def open_window() -> None:
+        _in_speculative_window(lambda: None)
+        assert not torch.autograd.profiler._is_profiler_enabled
+
+    seen = _idle_on_a_thread_across_shutdown(open_window)
     assert seen == {"result": 4.0, "recording": False}
 
 
@@ -341,7 +371,7 @@ def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -
         assert inside.wait(10)
         held = SLOT.held
         assert held is not None  # thread a's speculative window
-        assert held.window.speculative
+        assert held.speculative
         assert work(False) == 7  # another thread's root call while it records
         release.set()
         assert done.wait(10)

@@ -21,10 +21,12 @@ def f() -> float:
 with capture(sample_every=10**9, trigger_signal="SIGUSR1") as cap:
     for _ in range(3):
         f()
+    profkit.force_flush()
     before = len(cap.calls)  # (a 1-in-N sampler may take the very first call)
     os.kill(os.getpid(), signal.SIGUSR1)  # default action: the process ends (-10)
     for _ in range(3):
         f()
+    profkit.force_flush()
     after = len(cap.calls)
 restored = signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 out = {"triggered": after - before, "restored": restored}

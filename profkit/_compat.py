@@ -1,0 +1,75 @@
+"""Every private access to torch, OpenTelemetry and CPython internals, in one place.
+
+Each function names what it reads or writes and the versions it was checked against. When
+one of them changes upstream, this is the one module to mend.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _autograd_profiler
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
+
+__all__ = [
+    "BAGGAGE_KEY",
+    "SPAN_KEY",
+    "clear_profiler_flag",
+    "otel_current",
+    "peek_count",
+    "profiler_flag",
+    "profiler_enabled_here",
+]
+
+
+def _find_otel_current() -> Any:
+    """OTel's ``context.get_current``, as the C ``ContextVar.get`` behind it where it is one.
+
+    The SDK's default runtime context (``opentelemetry.context._RUNTIME_CONTEXT``, a
+    ``ContextVarsRuntimeContext`` with ``_current_context``; checked on opentelemetry-api
+    1.25-1.39) keeps the current context in one ContextVar; reading it directly saves two
+    Python frames on every root call. Any other runtime context (``OTEL_PYTHON_CONTEXT``)
+    goes through the API.
+    """
+    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var.get if isinstance(var, contextvars.ContextVar) else otel_context.get_current
+
+
+#: ``otel_current()``: the current OTel context (a dict-like ``Context``; empty: falsy)
+otel_current = _find_otel_current()
+#: the key under which OTel's API keeps the current span in a context, found through the API
+#: itself: a dict lookup then replaces trace.get_current_span()'s calls and isinstance check
+SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
+#: the key of OTel's baggage in a context, found the same way
+BAGGAGE_KEY = next(iter(baggage.set_baggage("profkit.profile", "1", otel_context.Context())))
+
+
+def peek_count(count: itertools.count[int]) -> int:
+    """The next number ``count`` hands out, without taking it.
+
+    ``repr(count)`` is ``"count(<n>)"`` (CPython 3.10-3.14; ``count.__reduce__`` is gone in
+    3.14): read it without consuming a value, lock-free.
+    """
+    return int(repr(count)[6:-1])
+
+
+def profiler_flag() -> bool:
+    """``torch.autograd.profiler._is_profiler_enabled``: a process global both profiler
+    front-ends set while any profiler runs (torch 2.3-2.13)."""
+    return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
+
+
+def clear_profiler_flag() -> None:
+    """Clear that flag after a stop that failed or a profiler given up on: left set, every
+    later window would be refused as "someone else's profiler runs" (torch 2.3-2.13)."""
+    _autograd_profiler._is_profiler_enabled = False
+
+
+def profiler_enabled_here() -> bool:
+    """``torch._C._autograd._profiler_enabled()``: a profiler records this thread (it does
+    not see an all-threads profiler; torch 2.13)."""
+    return bool(torch._C._autograd._profiler_enabled())

@@ -1,0 +1,212 @@
+"""The one decision: whether a root call runs under the profiler, and why not.
+
+:meth:`Decider.decide` is the only place that weighs a root call. It returns a
+:data:`Decision`, one of three shapes, and counts a refusal once, under its own counter.
+
+Precedence (also in docs/concepts.md and docs/reliability.md, which name the tests):
+
+1. A window this thread holds is checked first (the checkpoint: cut short past
+   ``max_window_s``, closed when done). A call in an unsampled trace never joins it
+   (``skipped_unsampled_trace``); a call may join one with room: a ``window`` > 1 window as
+   ``WINDOW``; a speculative one as ``TRIGGER`` (a pending trigger), ``BAGGAGE`` (if the
+   rate cap and the budget allow), or ``SPECULATIVE`` (a generator never: its first yield
+   would cut the window short).
+2. A call in a trace that was not sampled: ``skipped_unsampled_trace`` (its spans would never
+   be exported), before anything below is spent.
+3. A pending ``trigger()`` (or trigger signal), while no window holds the slot and the queue
+   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot.
+4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE``; else the sampler picks
+   it: ``SAMPLER``. Either must then pass, in order: the export queue has room
+   (``skipped_backlog``), the CPU budget (``skipped_budget``), the slot is free
+   (``skipped_busy``), nobody else's profiler runs or starts (``skipped_foreign``), the rate
+   cap has a token (``skipped_rate_limit``).
+5. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
+   the same gates allow (refusals are not counted: nothing was sampled), else the call is
+   ``TIMED``.
+6. Otherwise ``OFF``.
+
+A trigger or a rate-cap token is spent only once a window opens for the call; the
+sampler's pick is the sampling point (a picked call refused is counted under its reason).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any, TypeAlias
+
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from ._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
+from ._config import Config
+from ._errors import Stats
+from ._keeper import WindowKeeper, held_here
+from ._pipeline import ExportPipeline
+from ._records import CallRecord, Policy
+from ._sampling import EveryN, Sampler, TraceIdRatio, Triggered
+from ._slot import SLOT
+from ._slow import LatencyBook, Speculation
+
+__all__ = ["OFF", "PROFILED", "TIMED", "Decider", "Decision", "Kind", "asks_to_profile"]
+
+_SAMPLED = TraceFlags.SAMPLED
+_YES = frozenset({"1", "true", "yes"})
+#: seconds an over-budget verdict stands before the CPU share is read again
+_OVER_RECHECK_S = 0.01
+
+
+class Kind(enum.Enum):
+    """What a root call does: nothing, get timed (``capture_slow``), or run profiled."""
+
+    OFF = "off"
+    TIMED = "timed"
+    PROFILED = "profiled"
+
+
+#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)`` or ``(Kind.PROFILED,
+#: CallRecord)``: a tuple, so that the off-sample path returns one shared constant and a
+#: timed call builds no object of its own
+Decision: TypeAlias = tuple[Kind, Any]
+OFF: Decision = (Kind.OFF, None)
+TIMED = Kind.TIMED
+PROFILED = Kind.PROFILED
+
+
+def asks_to_profile(ctx: Any) -> bool:
+    """Whether the OTel baggage in ``ctx`` holds ``profkit.profile`` = 1, true or yes.
+
+    ``baggage.get_baggage("profkit.profile", ctx)`` without its three Python frames.
+    """
+    bag = ctx.get(BAGGAGE_KEY)
+    value = bag.get("profkit.profile") if isinstance(bag, dict) else None
+    return isinstance(value, str) and value.strip().lower() in _YES
+
+
+def make_sampler(config: Config) -> Sampler:
+    if config.sample_rate is not None:
+        return TraceIdRatio(config.sample_rate)
+    return EveryN(config.every or 100)
+
+
+class Decider:
+    """One session's decision for each root call (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        stats: Stats,
+        pipeline: ExportPipeline,
+        keeper: WindowKeeper,
+        triggered: Triggered,
+        book: LatencyBook | None,
+        speculation: Speculation | None,
+    ) -> None:
+        self._stats = stats
+        self._pipeline = pipeline
+        self._keeper = keeper
+        self.triggered = triggered
+        self._sampler = make_sampler(config)
+        self._ratio = config.sample_rate is not None
+        self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
+        self._book = book
+        self._speculation = speculation
+        self._budget = config.max_overhead
+        #: ``time.monotonic()`` until which profkit is known to be over its budget
+        self._over_until = 0.0
+
+    def decide(self, label: str, speculate: bool = True) -> Decision:
+        """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
+        never timed nor speculative)."""
+        next(self._stats.roots)  # every off-sample call passes here: a C call, no lock
+        otel = otel_current()  # empty (falsy) when no span is active: no lookup
+        span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
+        parent: SpanContext | None = span.get_span_context() if span is not None else None
+        if SLOT.held is not None:
+            win = held_here(self._keeper)
+            if win is not None:
+                return self._join(win, label, parent, otel, speculate)
+        # the sampled bit first: one int operation on the usual path (a sampled trace)
+        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+            next(self._stats.unsampled_traces)  # lock-free, like the root count
+            return OFF
+        trig = self.triggered
+        if trig.pending and trig.applies(label) and SLOT.held is None and not self._pipeline.full():
+            call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
+            if call is not None:
+                return (PROFILED, call)
+        if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
+            return self._open(Policy.BAGGAGE, parent)
+        trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
+        if self._sampler.decide(trace_id):
+            return self._open(Policy.SAMPLER, parent)
+        if self._book is None or not speculate:
+            return OFF
+        return self._speculate(label, parent)
+
+    def _join(
+        self, win: Any, label: str, parent: SpanContext | None, otel: Any, speculate: bool
+    ) -> Decision:
+        """Join the window this thread holds (it has room), or not (see rule 1)."""
+        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+            next(self._stats.unsampled_traces)
+            return OFF
+        keeper = self._keeper
+        if not win.speculative:
+            return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
+        if self.triggered.take(label):
+            return (PROFILED, keeper.join(win, Policy.TRIGGER, parent))
+        if self._baggage and otel and asks_to_profile(otel):
+            refused = self._refused() or (
+                None if keeper.spend_rate_token() else "skipped_rate_limit"
+            )
+            if refused is not None:
+                next(self._stats.refused[refused])
+                return OFF  # recorded by the window's profiler all the same, never read
+            return (PROFILED, keeper.join(win, Policy.BAGGAGE, parent))
+        if not speculate:  # a generator: its first yield would cut the window short
+            return OFF
+        return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
+
+    def _open(self, policy: Policy, parent: SpanContext | None) -> Decision:
+        """A sampled (or baggage-asked) call: the gates, then a window of its own."""
+        refused = self._refused()
+        if refused is not None:
+            next(self._stats.refused[refused])
+            return OFF
+        call = self._keeper.open(policy, parent, sampler=self._sampler.description)
+        return OFF if call is None else (PROFILED, call)
+
+    def _refused(self) -> str | None:
+        """The gate before a window: the queue has room, profkit is within its budget."""
+        if self._pipeline.full():
+            return "skipped_backlog"
+        if self._budget is not None and self._over_budget():
+            return "skipped_budget"
+        return None
+
+    def _over_budget(self) -> bool:
+        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
+        without asking (the share reads the process's CPU clock, a system call)."""
+        now = time.monotonic()
+        if now < self._over_until:
+            return True
+        assert self._budget is not None
+        if self._stats.cpu.share() >= self._budget:
+            self._over_until = now + _OVER_RECHECK_S
+            return True
+        return False
+
+    def _speculate(self, label: str, parent: SpanContext | None) -> Decision:
+        """capture_slow: a speculative window for this call, or else time it."""
+        spec = self._speculation
+        if spec is None:
+            return OFF
+        if spec.rest:
+            spec.rest -= 1
+        elif SLOT.held is None and spec.want(label, self._refused() is None):
+            call = self._keeper.open(Policy.SPECULATIVE, parent, speculative=spec.calls)
+            if call is not None:
+                return (PROFILED, call)
+            spec.refused()
+        return (TIMED, time.perf_counter_ns())
+

@@ -1,0 +1,124 @@
+"""Every hook profkit installs in the process, in one place, and only when a session starts.
+
+``import profkit`` changes nothing in torch, in signal handlers, in fork or exit hooks. A
+session's start (``configure()``, ``testing.capture()``) installs them; the last session's
+shutdown takes torch's functions and the exit hook back. ``os.register_at_fork`` cannot be
+undone, so one dispatcher is registered with the first session and runs what is registered
+here at that moment (nothing once every session is gone).
+
+The torch hook: ``torch.profiler.profile`` (and ``torch.autograd.profiler.profile``) first
+prepare the profiler (``torch.autograd.profiler._prepare_profiler``, which already disturbs
+one that runs on another thread) and then start it (``_run_on_profiler_start``). profkit
+wraps both module functions: ``before`` runs ahead of the preparation of any profiler that
+is not profkit's own and may block (to let a window stop) or raise (rather than let two
+profilers overlap); ``after`` runs once it is on. Checked against torch 2.3-2.13.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch.autograd.profiler as _autograd_profiler
+
+from ._profiler import ours_starting
+
+__all__ = [
+    "at_exit",
+    "at_fork_in_child",
+    "cancel_at_exit",
+    "install_profiler_hooks",
+    "profiler_hooked",
+    "remove_profiler_hooks",
+]
+
+_lock = threading.Lock()
+
+
+class _State:
+    #: torch's own functions while profkit's wrappers are installed
+    originals: tuple[Any, Any] | None = None
+    fork_callbacks: dict[str, Callable[[], None]] = {}  # noqa: RUF012  (module state)
+    fork_registered = False
+    exit_callbacks: list[Callable[[], None]] = []  # noqa: RUF012
+
+
+_state = _State()
+
+
+def install_profiler_hooks(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Wrap torch's profiler preparation and start (idempotent)."""
+    with _lock:
+        prepare = getattr(_autograd_profiler, "_prepare_profiler", None)
+        start = getattr(_autograd_profiler, "_run_on_profiler_start", None)
+        if _state.originals is not None or prepare is None or start is None:
+            return
+
+        def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
+            if not ours_starting():
+                before()
+            return prepare(*args, **kwargs)
+
+        def run_on_profiler_start() -> None:
+            try:
+                start()
+            finally:
+                if not ours_starting():
+                    after()
+
+        _state.originals = (prepare, start)
+        _autograd_profiler._prepare_profiler = prepare_profiler  # type: ignore[attr-defined]
+        _autograd_profiler._run_on_profiler_start = run_on_profiler_start
+
+
+def remove_profiler_hooks() -> None:
+    """Put torch's own functions back (only while ours are still the installed ones)."""
+    with _lock:
+        originals, _state.originals = _state.originals, None
+        if originals is not None:
+            _autograd_profiler._prepare_profiler = originals[0]  # type: ignore[attr-defined]
+            _autograd_profiler._run_on_profiler_start = originals[1]
+
+
+def profiler_hooked() -> bool:
+    """Whether profkit's profiler hooks are installed."""
+    return _state.originals is not None
+
+
+def at_fork_in_child(key: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` in a forked child (the latest one given for ``key``)."""
+    with _lock:
+        _state.fork_callbacks[key] = callback
+        if not _state.fork_registered:
+            _state.fork_registered = True
+            os.register_at_fork(after_in_child=_run_fork_callbacks)
+
+
+def cancel_at_fork(key: str) -> None:
+    """Forget the fork callback of ``key``."""
+    with _lock:
+        _state.fork_callbacks.pop(key, None)
+
+
+def _run_fork_callbacks() -> None:
+    for callback in list(_state.fork_callbacks.values()):
+        callback()
+
+
+def at_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at interpreter exit (once, however often it is given)."""
+    with _lock:
+        if callback not in _state.exit_callbacks:
+            _state.exit_callbacks.append(callback)
+            atexit.register(callback)
+
+
+def cancel_at_exit(callback: Callable[[], None]) -> None:
+    """Take ``callback`` off the interpreter's exit hooks."""
+    with _lock:
+        if callback in _state.exit_callbacks:
+            _state.exit_callbacks.remove(callback)
+            atexit.unregister(callback)
