@@ -21,8 +21,8 @@ __all__ = [
     "clear_profiler_flag",
     "otel_current",
     "peek_count",
-    "profiler_flag",
     "profiler_enabled_here",
+    "profiler_flag",
 ]
 
 

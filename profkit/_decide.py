@@ -42,7 +42,7 @@ from ._config import Config
 from ._errors import Stats
 from ._keeper import WindowKeeper, held_here
 from ._pipeline import ExportPipeline
-from ._records import CallRecord, Policy
+from ._records import Policy
 from ._sampling import EveryN, Sampler, TraceIdRatio, Triggered
 from ._slot import SLOT
 from ._slow import LatencyBook, Speculation
@@ -209,4 +209,3 @@ class Decider:
                 return (PROFILED, call)
             spec.refused()
         return (TIMED, time.perf_counter_ns())
-

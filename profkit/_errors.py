@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypedDict
 
-from ._overhead import CpuMeter
 from ._compat import peek_count
+from ._overhead import CpuMeter
 
 __all__ = ["Stats", "StatsSnapshot", "foreign", "guard", "log"]
 

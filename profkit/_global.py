@@ -136,8 +136,8 @@ def install(session: Session | None) -> Session | None:
         return _swap(session)
     finally:
         if session is not None:
-            config = session.config
-            _signals.apply(config.trigger_signal if config.enabled else None, session, session.stats)
+            signal_name = session.config.trigger_signal if session.config.enabled else None
+            _signals.apply(signal_name, session, session.stats)
         else:
             _signals.apply(None, None, Stats())
 
@@ -257,4 +257,3 @@ def _after_fork_in_child() -> None:
     session = get_session()
     if session is not None:
         session.at_fork_reinit()
-

@@ -522,4 +522,3 @@ def remove_hooks() -> None:
     """Where the last session stops: torch's own functions back, once no window is held."""
     if not SLOT.claimed:
         _hooks.remove_profiler_hooks()
-

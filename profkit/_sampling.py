@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
 from ._compat import peek_count
 
 __all__ = [
@@ -217,5 +218,3 @@ class Triggered:
             if not signals:
                 return
             self._any += signals
-
-

@@ -21,13 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.autograd.profiler as _autograd_profiler
 from torch.profiler import profile
 
 from . import _hooks
 from ._compat import clear_profiler_flag, profiler_enabled_here, profiler_flag
 from ._config import Config
-from ._profiler import cpu_only, make_profiler, measure_recording, ours, ours_starting
+from ._profiler import cpu_only, make_profiler, measure_recording, ours
 from ._raw import read_cpu_events
 from ._records import CallRecord, Unreadable, WindowEvents
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import profkit
-from profkit._global import get_session
 from profkit._slot import SLOT
 from profkit.testing import capture
 
