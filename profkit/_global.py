@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _errors, _hooks, _keeper, _signals
+from . import _errors, _foreign, _hooks, _keeper, _signals
 from ._config import Config, build_config
 from ._errors import Stats, StatsSnapshot
 from ._scope import GLOBAL
@@ -219,8 +219,8 @@ def shutdown(timeout: float = 5.0) -> bool:
     session = install(None)
     flushed = True if session is None else session.shutdown(timeout)
     if get_session() is None:  # the last session: profkit's hooks come out of the process
-        _keeper.remove_hooks()
-        if not _keeper.window_held():  # (else the exit still has a window to stop)
+        _foreign.remove_hooks()
+        if not _foreign.window_held():  # (else the exit still has a window to stop)
             _hooks.cancel_at_exit(_at_exit)
     return flushed
 

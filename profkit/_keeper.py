@@ -3,16 +3,13 @@ discards profiler windows (a test holds every other module to it).
 
 :class:`WindowKeeper` is one session's: it opens a window for a call the decision chose
 (:mod:`profkit._decide`), joins calls to it, and hands closed windows to that session's
-export pipeline. The module functions act on whatever window holds the process-wide slot
-(:mod:`profkit._slot`), whichever session opened it (``Window.keeper``): the checkpoint that
-enforces ``max_window_s``, the thread-end guard, the exit stop, the fork reset and the hook
-that keeps a user's own profiler from overlapping a window.
+export pipeline. The module functions act on whatever window holds the slot, whichever
+session opened it (``Window.keeper``): the ``max_window_s`` checkpoint, the thread-end
+guard, the exit stop, the fork reset.
 
-The window-lifetime rule (docs/reliability.md): a window never outlives what profkit can
-close. Only the window's own thread can stop a thread-local profiler, so a window whose
-calls have all ended is closed at once, unless ``window`` > 1 or ``warmup`` > 0 asked for
-more calls in it (then it waits for its thread's next root call, cut short at
-``max_window_s`` there). Speculative windows (``capture_slow``) never wait.
+The window-lifetime rule (docs/reliability.md): only a window's own thread can stop a
+thread-local profiler, so a window whose calls have all ended closes at once, unless
+``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
 """
 
 from __future__ import annotations
@@ -24,67 +21,32 @@ from typing import Any
 
 from opentelemetry.trace import SpanContext
 
-from . import _hooks
+from . import _foreign, _hooks
 from ._config import Config
-from ._deadline import Deadline
 from ._errors import Stats, guard
+from ._foreign import may_open
 from ._pipeline import ExportPipeline
 from ._records import CallRecord, Policy
 from ._sampling import RateLimiter
 from ._slot import SLOT
-from ._slow import LatencyBook, Speculation
-from ._window import Window, foreign_profiler_active, make_profiler
+from ._slow import Speculation
+from ._verdict import judge
+from ._window import Window
 
 __all__ = [
     "WindowKeeper",
     "checkpoint",
+    "close_idle",
     "held_here",
-    "judge",
+    "install_hooks",
     "orphaned",
     "stop_left_at_exit",
+    "yielded",
 ]
 
 #: other root calls that may run on a window's thread while it records (a thread-local
 #: profiler records them too: on a busy event loop they fill a window within milliseconds)
 _MAX_OTHERS = 200
-#: longest a user's profiler start keeps windows shut before torch's own flag takes over
-_FOREIGN_START_S = 5.0
-#: how often a waiter looks whether the slot was freed
-_POLL_S = 0.005
-#: the most the profiler's start stalls the first call of a window (measured: 1-5 ms)
-_START_STALL_NS = 5_000_000
-
-
-def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> None:
-    """A profiled call ended under capture_slow: the label's unprofiled median beside it
-    (the observer effect); a speculative call is kept when slower than the threshold.
-
-    What the export worker took of the call's time (its busy time while the call ran: it
-    holds the GIL while it summarises) does not count, nor, for a window's first call, the
-    stall the profiler's start may cause. A call still running when its window is cut short
-    is judged on its time until the cut (the slowest calls outlast a window).
-    """
-    label = call.scopes[0].label if call.scopes else ""
-    call.unsampled_p50_ms = book.p50_ms(label)
-    if call.policy is not Policy.SPECULATIVE:
-        return
-    root = call.scopes[0] if call.scopes else None
-    limit = None
-    if root is not None:  # (end_ns: the end, or the cut)
-        took = root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns)
-        if call.index == 0:  # right after a start the profiler stalls about one call in five
-            took -= _START_STALL_NS  # by 1-5 ms (torch 2.13, CPU): not the call's own time
-        limit = book.judge(label, took)
-    if limit is not None:
-        call.slow_threshold_ms = limit / 1e6
-        call.policy = Policy.SLOW
-        stats.add("sampled")
-    else:
-        call.policy = Policy.RELEASED
-        stats.add("speculative_released")
-        # its per-op recording is profkit's cost too: the worker, which charges a read
-        # window's, never sees a released call (the profiled-over-unprofiled median)
-        stats.cpu.charge(book.inflation_ns(label) / 1e9)
 
 
 class WindowKeeper:
@@ -136,7 +98,7 @@ class WindowKeeper:
         win: Window | None = None
         opened = charged = False
         try:
-            if not _may_open():
+            if not may_open():
                 self._refuse(speculative, "skipped_foreign")
                 return None
             limiter = self._spec_limiter if speculative else self._limiter
@@ -175,8 +137,7 @@ class WindowKeeper:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # after cleaning up
 
     def _refuse(self, speculative: int, reason: str) -> None:
-        if not speculative:
-            self.stats.skip(reason)
+        self.stats.skip(reason) if not speculative else None
 
     def join(
         self, win: Window, policy: Policy, parent: SpanContext | None, sampler: str = ""
@@ -218,16 +179,6 @@ class WindowKeeper:
             return
         if (win.full or not active or win.speculative) and SLOT.held is win:
             self.close_window(win)
-
-    def yielded(self, call: CallRecord) -> None:
-        """A sampled generator root yielded; its next step may run on another thread.
-
-        Its thread-local window stops now (the calls are exported as truncated,
-        ``"first_step"``); a window recording all threads goes on (any thread can stop it).
-        """
-        win = call.window
-        if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
-            self.truncate(win, "first_step")
 
     # -- control ----------------------------------------------------------------------------
 
@@ -291,40 +242,6 @@ class WindowKeeper:
         finally:
             SLOT.vacate(win)
 
-    def close_idle(self) -> None:
-        """Let go of this keeper's window that waits for more calls, if any (shutdown).
-
-        On its own thread it closes now; if that thread has exited it is discarded now;
-        otherwise that thread's next root call (under any session) closes it.
-        """
-        win = SLOT.held
-        if win is None or win.keeper is not self or win.in_flight:
-            return  # none, or its running call closes it on exit (the session is inactive)
-        if win.owner_thread is threading.current_thread():
-            self.close_window(win)
-        elif not win.owner_thread.is_alive():
-            _discard_if_still(win, "owner_exited")
-
-    def wait_for_other_thread(self, deadline: Deadline) -> None:
-        """Wait while this keeper has calls in flight in a window on another thread.
-
-        It polls: the request path that frees the slot takes no Python-level lock or
-        condition (a signal's exception landing inside one would leave it taken).
-        """
-        while not deadline.passed:
-            win = SLOT.held
-            if win is None or win.keeper is not self:
-                return
-            if not win.in_flight or win.owner == threading.get_ident():
-                return
-            time.sleep(min(deadline.left(), _POLL_S))
-
-    def build_spare(self) -> None:
-        """Build the next window's profiler ahead: ~0.1 ms that no request then pays."""
-        if self.spare is None:
-            with guard(self.stats, "profiler_build"):
-                self.spare = make_profiler(self._config)
-
 
 # -- whatever window holds the slot -------------------------------------------------------
 
@@ -359,6 +276,32 @@ def held_here(keeper: WindowKeeper) -> Window | None:
     return None
 
 
+def close_idle(keeper: WindowKeeper) -> None:
+    """Let go of ``keeper``'s window that waits for more calls, if any (shutdown).
+
+    On its own thread it closes now; if that thread has exited it is discarded now;
+    otherwise that thread's next root call (under any session) closes it.
+    """
+    win = SLOT.held
+    if win is None or win.keeper is not keeper or win.in_flight:
+        return  # none, or its running call closes it on exit (the session is inactive)
+    if win.owner_thread is threading.current_thread():
+        keeper.close_window(win)
+    elif not win.owner_thread.is_alive():
+        _discard_if_still(win, "owner_exited")
+
+
+def yielded(call: CallRecord) -> None:
+    """A sampled generator root yielded; its next step may run on another thread.
+
+    Its thread-local window stops now (the calls are exported as truncated,
+    ``"first_step"``); a window recording all threads goes on (any thread can stop it).
+    """
+    win = call.window
+    if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
+        win.keeper.truncate(win, "first_step")
+
+
 def checkpoint() -> None:
     """A point profkit controls on this thread: cut a window past ``max_window_s`` short."""
     win = SLOT.held
@@ -374,14 +317,6 @@ def orphaned() -> None:
     if win is not None and win.owner == threading.get_ident() and not win.in_flight:
         with guard(win.keeper.stats, "orphaned"):  # runs on the user's call: never raise
             win.keeper.close_window(win)
-
-
-def _may_open() -> bool:
-    """No profiler of anyone else's is running or starting."""
-    starting = SLOT.foreign_starting
-    if starting and time.monotonic() - starting < _FOREIGN_START_S:
-        return False
-    return not foreign_profiler_active()
 
 
 def _reclaim_if_owner_exited() -> bool:
@@ -417,11 +352,9 @@ def _retry_once(fn: Any, *args: Any) -> None:
 class _ThreadEndGuard:
     """Closes (and exports) the window still open on a thread when that thread ends.
 
-    One lives in a ``threading.local`` of each thread that opened a window: CPython clears
-    a thread's locals on that thread as it ends, before the C++ thread-locals holding
-    torch's thread-local profiler state are destroyed. A profiler still enabled there makes
-    torch warn ("Leaked callback handle") and the process crash at exit (torch 2.13). It is
-    made once per thread, never replaced, so that its finalizer runs only at the thread's end.
+    It lives in a ``threading.local`` of each thread that opened a window (made once, so its
+    finalizer runs only at the thread's end): CPython clears those on the thread as it ends,
+    before torch's C++ thread-locals; a profiler still on there crashes the exit (torch 2.13).
     """
 
     __slots__ = ()
@@ -442,10 +375,8 @@ class _ThreadEndGuard:
 def stop_left_at_exit() -> None:
     """At interpreter exit, stop a profiler that profkit left running and would crash it.
 
-    torch tears down a still-enabled profiler's state during exit, after its callbacks are
-    gone, and the process dies with SIGSEGV (torch 2.13: a thread-local profiler on the main
-    thread, or an all-threads one started anywhere). A thread-local profiler on another live
-    thread is left alone.
+    torch tears a still-enabled profiler down after its callbacks are gone: SIGSEGV (torch
+    2.13; a thread-local one on this thread, an all-threads one anywhere; others are left).
     """
     win = SLOT.held
     if win is None:
@@ -465,60 +396,7 @@ def _after_fork_in_child() -> None:
     SLOT.reset()
 
 
-def _before_foreign_start() -> None:
-    """Someone else's torch profiler is about to start: make sure it overlaps no window.
-
-    Two profilers at once crash the process. From now on no window opens; a window that is
-    starting (claimed, not yet held) or open on another thread is asked to stop at its next
-    checkpoint (its deadline is brought forward) and waited for. A window on this very
-    thread (the user's profiler inside a sampled call) cannot be waited for: torch empties
-    it, so its calls are dropped (``foreign_profiler``).
-
-    Raises:
-        RuntimeError: the window did not close within ``max(5, 2 * max_window_s)`` s;
-            starting the profiler anyway would crash the process.
-    """
-    SLOT.foreign_starting = time.monotonic()
-    limit: Deadline | None = None
-    while SLOT.claimed:
-        win = SLOT.held
-        if win is not None and win.owner == threading.get_ident():
-            win.clobbered = True
-            return
-        if win is not None:
-            win.cut_reason = "foreign_profiler"
-            win.deadline = 0.0  # stop at the next checkpoint
-            if limit is None:
-                limit = Deadline(max(_FOREIGN_START_S, 2 * win.config.max_window_s))
-        if limit is None:
-            limit = Deadline(_FOREIGN_START_S)  # still starting: it takes milliseconds
-        if limit.passed:
-            SLOT.foreign_starting = 0.0
-            raise RuntimeError(
-                "profkit: a sampled call on another thread still records a profiler "
-                "window; starting a second torch profiler now would crash the process "
-                "(see profkit's reliability docs, 'Your own profiler')"
-            )
-        time.sleep(_POLL_S)
-
-
-def _after_foreign_start() -> None:
-    """The foreign profiler is on (torch's flag now keeps new windows shut)."""
-    SLOT.foreign_starting = 0.0
-
-
 def install_hooks() -> None:
-    """Where a session starts: torch's profiler hooks and the fork reset (idempotent)."""
-    _hooks.install_profiler_hooks(_before_foreign_start, _after_foreign_start)
+    """Where a session starts: torch's profiler hooks and the slot's fork reset."""
+    _foreign.install_hooks()
     _hooks.at_fork_in_child("slot", _after_fork_in_child)
-
-
-def window_held() -> bool:
-    """Whether a window holds (or is claiming) the slot."""
-    return SLOT.claimed
-
-
-def remove_hooks() -> None:
-    """Where the last session stops: torch's own functions back, once no window is held."""
-    if not SLOT.claimed:
-        _hooks.remove_profiler_hooks()

@@ -14,11 +14,10 @@ and the compiler check that makes it nothing under ``torch.compile``).
 :class:`Stepped` keeps a scope open across the steps of a generator or async generator.
 Off-sample, no torch function is called at all.
 
-An exception raised by a signal handler (a SIGALRM timeout) can land on any bytecode, in
-here too. So the frame is restored by value, never from a token that the exception may
-have kept from being stored; every step that changes state runs inside the ``try`` that
-undoes it; and an exception that is not profkit's always propagates
-(:func:`profkit._errors.foreign`).
+A signal handler's exception (a SIGALRM timeout) can land on any bytecode, here too: the
+frame is restored by value, never from a token the exception may have kept from being
+stored; every step that changes state runs inside the ``try`` that undoes it; an exception
+that is not profkit's always propagates (:func:`profkit._errors.foreign`).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from . import _errors
 from ._compiler import compiled_away, compiling
 from ._decide import OFF as NOT_PROFILED
 from ._decide import PROFILED, TIMED
-from ._keeper import checkpoint, orphaned
+from ._keeper import checkpoint, orphaned, yielded
 from ._model import CodeInfo
 from ._records import CallRecord, ScopeRecord
 from ._slot import SLOT
@@ -43,22 +42,13 @@ from ._slow import Timed
 from ._text import escape
 
 __all__ = [
-    "FRAME",
-    "GLOBAL",
-    "OFF",
-    "Active",
-    "Stepped",
-    "enter",
-    "exit_",
-    "sync_call",
-]
+    "FRAME", "GLOBAL", "OFF", "Active", "Stepped", "enter", "exit_", "sync_call",
+]  # fmt: skip
 
 
 class _Off:
     __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<profkit unsampled>"
+    __repr__ = lambda self: "<profkit unsampled>"  # noqa: E731
 
 
 #: the frame value inside an unsampled root call
@@ -392,7 +382,7 @@ class Stepped:
         """
         entered = self._entered
         if entered is not None and entered.session is not None and not entered.call.stopped:
-            entered.session.keeper.yielded(entered.call)
+            yielded(entered.call)
 
     def finish(self, error: BaseException | None) -> None:
         """The generator is done (returned, raised or closed): end the scope (idempotent)."""

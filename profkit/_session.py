@@ -14,13 +14,15 @@ from ._deadline import Deadline
 from ._decide import Decider, Decision
 from ._errors import Stats, guard
 from ._fanout import Fanout, build_exporters
-from ._keeper import WindowKeeper, install_hooks, judge
+from ._foreign import wait_for_other_thread
+from ._keeper import WindowKeeper, close_idle, install_hooks
 from ._pipeline import ExportPipeline
 from ._processing import Processor
 from ._records import CallRecord
 from ._sampling import Triggered
 from ._slow import LatencyBook, Speculation, Timed
-from ._window import prime
+from ._verdict import judge
+from ._window import make_profiler, prime
 
 __all__ = ["Decision", "Session"]
 
@@ -85,8 +87,9 @@ class Session:
 
     def _build_spare(self) -> None:
         """Build the next window's profiler ahead (here, and on the worker after a window)."""
-        if self.active:
-            self.keeper.build_spare()
+        if self.active and self.keeper.spare is None:
+            with guard(self.stats, "profiler_build"):
+                self.keeper.spare = make_profiler(self.config)
 
     def trigger(self, n: int = 1, label: str | None = None) -> None:
         self.triggered.add(n, label)  # checks its arguments (ValueError)
@@ -109,7 +112,7 @@ class Session:
         """
         deadline = Deadline(timeout)
         self.active = False
-        self.keeper.wait_for_other_thread(deadline)
+        wait_for_other_thread(self.keeper, deadline)
         self.close_idle_window()
         flushed = self.pipeline.shutdown(deadline)
         return self._no_new_span_failures() and flushed
@@ -120,7 +123,7 @@ class Session:
 
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
-        self.keeper.close_idle()
+        close_idle(self.keeper)
 
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""

@@ -217,3 +217,49 @@ def test_module_and_class_sizes() -> None:
                         f"(class limit {MAX_CLASS_LINES})"
                     )
     assert [] == offenders, "\n".join(offenders)
+
+
+#: what a window's life is made of: the owner's steps, and the window's own start and stop
+_LIFE = {"close_window", "truncate", "discard_window", "ensure_stopped"}
+_WINDOW_STEPS = {"start", "stop", "discard"}
+
+
+def _life_calls(path: Path) -> list[str]:
+    """The calls in ``path`` that open, stop, cut short or discard a window."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        attr, owner = node.func.attr, node.func.value
+        on_window = isinstance(owner, ast.Name) and owner.id in ("win", "window")
+        if attr in _LIFE or (on_window and attr in _WINDOW_STEPS):
+            found.append(f"{path.name}:{node.lineno} {attr}")
+    return found
+
+
+def test_one_module_owns_a_windows_life() -> None:
+    """Only profkit/_keeper.py opens, stops, cuts short or discards a window."""
+    root = Path(profkit.__file__).parent
+    elsewhere = [
+        call
+        for path in sorted(root.rglob("*.py"))
+        if path.name not in ("_keeper.py", "_window.py")  # (the window's own methods)
+        for call in _life_calls(path)
+    ]
+    assert [] == elsewhere
+    assert _life_calls(root / "_keeper.py")  # the check sees the owner's own calls
+
+
+def test_begin_root_returns_one_decision_type() -> None:
+    """The decision is one typed value: OFF, TIMED with a start, or PROFILED with a call."""
+    from profkit._decide import OFF, Kind
+
+    with profkit.testing.capture(sample_every=2, exporters=()):
+        session = profkit._global.get_session()
+        assert session is not None
+        first = session.begin_root("x")
+        assert Kind.PROFILED is first[0]
+        second = session.begin_root("x")  # (another root call while the first one runs)
+        session.end_root(first[1], None)
+    assert OFF is second
+    assert typing.get_type_hints(type(session.begin_root.__self__).decide)["return"]

@@ -1,0 +1,49 @@
+"""The verdict on a speculative call (``capture_slow``): kept as slow, or released unread.
+
+Run when such a call ends, and for the calls still running when their window is cut short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import Stats
+from ._records import CallRecord, Policy
+from ._slow import LatencyBook
+
+__all__ = ["judge"]
+
+#: the most the profiler's start stalls the first call of a window (measured: 1-5 ms)
+_START_STALL_NS = 5_000_000
+
+
+def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> None:
+    """A profiled call ended under capture_slow: the label's unprofiled median beside it
+    (the observer effect); a speculative call is kept when slower than the threshold.
+
+    What the export worker took of the call's time (its busy time while the call ran: it
+    holds the GIL while it summarises) does not count, nor, for a window's first call, the
+    stall the profiler's start may cause. A call still running when its window is cut short
+    is judged on its time until the cut (the slowest calls outlast a window).
+    """
+    label = call.scopes[0].label if call.scopes else ""
+    call.unsampled_p50_ms = book.p50_ms(label)
+    if call.policy is not Policy.SPECULATIVE:
+        return
+    root = call.scopes[0] if call.scopes else None
+    limit = None
+    if root is not None:  # (end_ns: the end, or the cut)
+        took = root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns)
+        if call.index == 0:  # right after a start the profiler stalls about one call in five
+            took -= _START_STALL_NS  # by 1-5 ms (torch 2.13, CPU): not the call's own time
+        limit = book.judge(label, took)
+    if limit is not None:
+        call.slow_threshold_ms = limit / 1e6
+        call.policy = Policy.SLOW
+        stats.add("sampled")
+    else:
+        call.policy = Policy.RELEASED
+        stats.add("speculative_released")
+        # its per-op recording is profkit's cost too: the worker, which charges a read
+        # window's, never sees a released call (the profiled-over-unprofiled median)
+        stats.cpu.charge(book.inflation_ns(label) / 1e9)
