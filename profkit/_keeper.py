@@ -1,11 +1,12 @@
 """The owner of a window's life: the one module that opens, joins, cuts short, closes and
-discards profiler windows (a test holds every other module to it). :class:`WindowKeeper` is one session's: it opens a window for a call the decision chose
-(:mod:`profkit._decide`), joins calls to it, and hands closed windows to that session's
-export pipeline. The module functions act on whatever window holds the slot, whichever
-session opened it (``Window.keeper``): the ``max_window_s`` checkpoint, the thread-end
-guard, the exit stop, the fork reset. The window-lifetime rule (docs/reliability.md): only
-a window's own thread can stop a thread-local profiler, so a window whose calls have all
-ended closes at once, unless ``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
+discards profiler windows (a test holds every other module to it). :class:`WindowKeeper`
+is one session's: it opens a window for a call the decision chose (:mod:`profkit._decide`),
+joins calls to it, and hands closed windows to that session's export pipeline. The module
+functions act on whatever window holds the slot, whichever session opened it
+(``Window.keeper``): the ``max_window_s`` checkpoint, the thread-end guard, the exit stop,
+the fork reset. The window-lifetime rule (docs/reliability.md): only a window's own thread
+can stop a thread-local profiler, so a window whose calls have all ended closes at once,
+unless ``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
 """
 
 from __future__ import annotations
