@@ -130,7 +130,7 @@ class Decider:
             next(self._stats.unsampled_traces)  # lock-free, like the root count
             return OFF
         trig = self.triggered
-        if trig.pending and trig.applies(label) and SLOT.held is None and not self._pipeline.full():
+        if trig.pending and trig.applies(label) and not SLOT.claimed and not self._pipeline.full():
             call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
             if call is not None:
                 return (PROFILED, call)

@@ -85,18 +85,19 @@ class WindowKeeper:
         ``skipped_busy``), no one else's profiler runs or starts (``skipped_foreign``), the
         rate cap has a token (``skipped_rate_limit``; a trigger is not capped), then
         ``spend()`` (taking the trigger) agrees.
-        A speculative call (``speculative``: the window's size) counts no refusal: it was
-        not sampled.
+        A speculative call (``speculative``: the window's size) counts no refusal (it was
+        not sampled), nor does a trigger (it waits for the next call).
         """
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
+        waits = bool(speculative) or policy is Policy.TRIGGER  # counts no refusal: it waits
         if not SLOT.acquire() and not _reclaim_if_owner_exited():
-            self._refuse(speculative, "skipped_busy")
+            self._refuse(waits, "skipped_busy")
             return None
         win: Window | None = None
         opened = charged = False
         try:
             if not may_open():
-                self._refuse(speculative, "skipped_foreign")
+                self._refuse(waits, "skipped_foreign")
                 return None
             limiter = self._spec_limiter if speculative else self._limiter
             if policy is Policy.TRIGGER:
@@ -133,8 +134,8 @@ class WindowKeeper:
                 if not charged:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # after cleaning up
 
-    def _refuse(self, speculative: int, reason: str) -> None:
-        self.stats.skip(reason) if not speculative else None
+    def _refuse(self, waits: bool, reason: str) -> None:
+        self.stats.skip(reason) if not waits else None
 
     def join(
         self, win: Window, policy: Policy, parent: SpanContext | None, sampler: str = ""

@@ -64,7 +64,7 @@ def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
     """Where the thread-end hook did not run, the stranded all-threads profiler is stopped."""
     rc, report, err = run_fresh(
         """
-        profkit._slot._ThreadEndGuard.__del__ = lambda self: None  # a thread end unseen
+        profkit._keeper._ThreadEndGuard.__del__ = lambda self: None  # a thread end unseen
         profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
         session = profkit._global.get_session()
         worker = threading.Thread(target=lambda: (f(), f()))

@@ -17,7 +17,7 @@ from torch.autograd import DeviceType
 from profkit._config import Config
 from profkit._diagnosis import Thresholds, diagnose
 from profkit._model import CallSummary
-from profkit._records import CallRecord, ScopeRecord
+from profkit._records import CallRecord, Policy, ScopeRecord
 from profkit._summary import build_calls
 
 TRACE_START_NS = 1_700_000_000_000_000_000
@@ -64,7 +64,9 @@ def summarise(label: str, wall_us: float, events: list[Any]) -> CallSummary:
     """Build the one call of a window whose root scope spans [0, wall_us] µs."""
     start_ns, end_ns = TRACE_START_NS, TRACE_START_NS + round(wall_us * 1000)
     scope = ScopeRecord(label, -1, {}, None, 0, start_ns, end_ns)
-    record = CallRecord(None, 0, "every", False, None, "MainThread", [scope])  # type: ignore[arg-type]
+    record = CallRecord(
+        None, 0, Policy.SAMPLER, False, None, "MainThread", [scope], sampler="every"
+    )  # type: ignore[arg-type]
     mark = event(label, 0.0, wall_us, id=10_000, user=True)
     (call,) = build_calls(
         1,
