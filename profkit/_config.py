@@ -7,6 +7,11 @@ have none), and what ``configure()`` accepts for it. Validation, ``ENV_VARS``, e
 parsing, the table on the Configuration page (:func:`markdown_table`) and the test of
 ``configure()``'s signature all read this one table.
 
+Every number has an upper bound, far past any useful value, so that nothing profkit later
+computes from a setting can overflow (``int(slow_ms * 1e6)``, a lock timeout past
+``threading.TIMEOUT_MAX``, ``float()`` of a huge int); ``trigger_signal`` takes only signals
+nobody else owns.
+
 Explicit ``configure()`` arguments are validated strictly and raise ``ValueError`` naming the
 setting. Environment variables only fill settings that were not passed; a malformed one warns
 (``ProfkitConfigWarning``) and falls back to the default, so a bad deployment variable never
@@ -35,6 +40,7 @@ from ._settings import (
     FLAG,
     KEY,
     LOGGER,
+    MAX_COUNT,
     PROVIDER,
     SIGNAL,
     Setting,
@@ -55,6 +61,9 @@ __all__ = [
 #: longest ``export_timeout`` (an hour): an exporter that may take longer per window than
 #: this is hung, and timeouts near ``threading.TIMEOUT_MAX`` overflow the standard library
 MAX_EXPORT_TIMEOUT = 3600.0
+#: the longest ``slow_ms``, an hour: a call slower than that is not a latency question, and
+#: the threshold becomes integer nanoseconds (``int(slow_ms * 1e6)``)
+_HOUR_MS = 3_600_000
 
 
 class ProfkitConfigWarning(UserWarning):
@@ -71,7 +80,7 @@ class Config:
     enabled: bool = field(default=True, metadata=FLAG)
     """Master switch. When false, decorated code runs unprofiled and nothing is counted."""
 
-    sample_every: int | None = field(default=None, metadata=int_in(1, none=True))
+    sample_every: int | None = field(default=None, metadata=int_in(1, MAX_COUNT, none=True))
     """Profile one root call in N (counter-based, exact). Default 100 when no rate is given."""
 
     sample_rate: float | None = field(
@@ -79,7 +88,7 @@ class Config:
     )
     """Profile this fraction of root calls, consistent with the active OTel trace id."""
 
-    max_per_minute: float | None = field(default=60.0, metadata=number_in(0, none=True))
+    max_per_minute: float | None = field(default=60.0, metadata=number_in(0, 1e6, none=True))
     """Cap on profiler windows opened per minute (token bucket, bursts up to the same number);
     None means no cap. The default, one a second on average, bounds what profkit costs a
     busy service whatever the sampling rate."""
@@ -92,7 +101,7 @@ class Config:
     """Time root calls per label and profile some speculatively; export those slower than the
     label's recent p95 (policy "slow"), release the others unread."""
 
-    slow_ms: float | None = field(default=None, metadata=number_in(0, none=True))
+    slow_ms: float | None = field(default=None, metadata=number_in(0, _HOUR_MS, none=True))
     """With ``capture_slow``: a call slower than this many ms is slow (None: the label's p95)."""
 
     baggage_trigger: bool = field(default=False, metadata=FLAG)
@@ -102,10 +111,10 @@ class Config:
     trigger_signal: str | None = field(default=None, metadata=SIGNAL)
     """Signal name ("SIGUSR1") on which the process profiles its next root call; None: none."""
 
-    window: int = field(default=1, metadata=int_in(1))
+    window: int = field(default=1, metadata=int_in(1, MAX_COUNT))
     """Root calls recorded per profiler window (on the thread that opened it)."""
 
-    warmup: int = field(default=0, metadata=int_in(0))
+    warmup: int = field(default=0, metadata=int_in(0, MAX_COUNT))
     """Root calls run under the profiler and discarded before the recorded ones."""
 
     activities: str = field(default="auto", metadata=ACTIVITY)
@@ -126,16 +135,16 @@ class Config:
     all_threads: bool = field(default=False, metadata=FLAG)
     """Record every thread, not only the sampled call's (for handlers that offload to pools)."""
 
-    top_k: int = field(default=10, metadata=int_in(1))
+    top_k: int = field(default=10, metadata=int_in(1, MAX_COUNT))
     """Op rows kept per scope; the rest is folded into one "other" row."""
 
-    max_window_s: float = field(default=1.0, metadata=number_in(0))
+    max_window_s: float = field(default=1.0, metadata=number_in(0, 3600))
     """Seconds a window may record; past it, it stops at profkit's next checkpoint (truncated)."""
 
-    max_events: int = field(default=20_000, metadata=int_in(1))
+    max_events: int = field(default=20_000, metadata=int_in(1, MAX_COUNT))
     """Profiler events summarised per window; past it, the earliest are kept (truncated)."""
 
-    queue_size: int = field(default=16, metadata=int_in(1))
+    queue_size: int = field(default=16, metadata=int_in(1, 1_000_000))
     """Stopped windows waiting for the export worker; a full queue drops and counts."""
 
     export_timeout: float = field(default=5.0, metadata=number_in(0, MAX_EXPORT_TIMEOUT))
@@ -147,29 +156,29 @@ class Config:
     trace_dir: str | None = field(default=None, metadata=DIRECTORY)
     """Directory for one Chrome/Perfetto trace file per window; None disables trace files."""
 
-    trace_max_files: int = field(default=20, metadata=int_in(1))
+    trace_max_files: int = field(default=20, metadata=int_in(1, MAX_COUNT))
     """Trace files kept in ``trace_dir`` (oldest removed first)."""
 
-    trace_max_bytes: int = field(default=200 * 1024 * 1024, metadata=int_in(1))
+    trace_max_bytes: int = field(default=200 * 1024 * 1024, metadata=int_in(1, 2**40))
     """Total bytes of trace files kept in ``trace_dir``."""
 
     trace_gzip: bool = field(default=True, metadata=FLAG)
     """Write trace files gzip-compressed (``.json.gz``)."""
 
-    max_attribute_length: int = field(default=256, metadata=int_in(1))
+    max_attribute_length: int = field(default=256, metadata=int_in(1, MAX_COUNT))
     """Longest string (label, op name, attribute value) written to a span or log event."""
 
-    max_attributes: int = field(default=64, metadata=int_in(1))
+    max_attributes: int = field(default=64, metadata=int_in(1, MAX_COUNT))
     """User attributes kept per scope."""
 
-    launch_bound_op_us: float = field(default=20.0, metadata=number_in(0))
+    launch_bound_op_us: float = field(default=20.0, metadata=number_in(0, 1e6))
     """Diagnosis: median op self time (µs) at or below which many ops read as launch-bound.
 
     Also the launch-glue allowance: this much host time per op event outside the ops (Python,
     dispatch, profiler bookkeeping between ops) counts as launching them, not as input.
     """
 
-    launch_bound_min_ops: int = field(default=200, metadata=int_in(1))
+    launch_bound_min_ops: int = field(default=200, metadata=int_in(1, MAX_COUNT))
     """Diagnosis: ops per call at or above which a call can be launch-bound."""
 
     input_bound_share: float = field(default=0.5, metadata=number_in(0, 1))

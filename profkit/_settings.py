@@ -13,8 +13,8 @@ the ``ValueError`` that names the setting.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import re
 import signal
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,16 +29,20 @@ __all__ = [
     "FLAG",
     "KEY",
     "LOGGER",
+    "MAX_COUNT",
     "PROVIDER",
     "SIGNAL",
     "Setting",
     "int_in",
     "number_in",
+    "signal_number",
 ]
 
 ACTIVITIES = ("auto", "cpu", "cuda", "cpu,cuda")
 EXPORTERS = ("console", "json", "log", "otel")
 KEY = "profkit"  # where a field's Setting sits in its metadata
+#: the upper bound of counts and sizes with no natural one: far from any C integer's limit
+MAX_COUNT = 2**31 - 1
 
 
 def _same(value: Any) -> Any:
@@ -123,39 +127,36 @@ def _meta(spec: Setting) -> Mapping[str, Setting]:
 FLAG = _meta(Setting(lambda v: isinstance(v, bool), "True or False", _parse_bool))
 
 
-def int_in(low: int, high: int | None = None, *, none: bool = False) -> Mapping[str, Setting]:
-    """An int in [low, high] (no upper bound when high is None), or None too with ``none``."""
+def int_in(low: int, high: int, *, none: bool = False) -> Mapping[str, Setting]:
+    """An int in [low, high], or None too with ``none``."""
 
     def check(value: Any) -> bool:
         if value is None:
             return none
-        return _is_int(value) and low <= value and (high is None or value <= high)
+        return _is_int(value) and low <= value <= high
 
-    span = f">= {_shown(low)}" if high is None else f"in [{_shown(low)}, {_shown(high)}]"
-    parse = _or_none(_parse_int) if none else _parse_int
-    return _meta(Setting(check, f"an int {span}" + (" or None" if none else ""), parse))
+    rule = f"an int in [{_shown(low)}, {_shown(high)}]" + (" or None" if none else "")
+    return _meta(Setting(check, rule, _or_none(_parse_int) if none else _parse_int))
 
 
 def number_in(
-    low: float, high: float | None = None, *, closed: bool = False, none: bool = False
+    low: float, high: float, *, closed: bool = False, none: bool = False
 ) -> Mapping[str, Setting]:
-    """A finite int or float past ``low`` (at it too when ``closed``) up to ``high``."""
+    """An int or float above ``low`` (or at it, when ``closed``) and at most ``high``."""
 
     def check(value: Any) -> bool:
         if value is None:
             return none
         if not _is_real(value):
             return False
-        # comparisons, not float(): an int too large for a float is refused, not an error
+        # compared, never converted: NaN, infinities and ints too large for a float are
+        # refused here rather than raising OverflowError here or in the session later
         above: bool = low <= value if closed else low < value
-        return above and (value < math.inf if high is None else value <= high)
+        return above and value <= high
 
-    if high is None:
-        span = f"{'>=' if closed else '>'} {_shown(low)}"
-    else:
-        span = f"in {'[' if closed else '('}{_shown(low)}, {_shown(high)}]"
-    parse = _or_none(_parse_float) if none else _parse_float
-    return _meta(Setting(check, f"a number {span}" + (" or None" if none else ""), parse))
+    span = f"{'[' if closed else '('}{_shown(low)}, {_shown(high)}]"
+    rule = f"a number in {span}" + (" or None" if none else "")
+    return _meta(Setting(check, rule, _or_none(_parse_float) if none else _parse_float))
 
 
 def object_setting(check: Callable[[Any], bool], rule: str, **how: Any) -> Mapping[str, Setting]:
@@ -163,15 +164,30 @@ def object_setting(check: Callable[[Any], bool], rule: str, **how: Any) -> Mappi
     return _meta(Setting(check, rule, None, **how))
 
 
-def _is_signal(name: Any) -> bool:
-    """A signal's name that a handler can catch (not SIGKILL, SIGSTOP)."""
-    return (
-        isinstance(name, str)
-        and name.isupper()
-        and name.startswith("SIG")
-        and name not in ("SIGKILL", "SIGSTOP")
-        and isinstance(getattr(signal, name, None), signal.Signals)
-    )
+_REAL_TIME = re.compile(r"SIGRTM(IN|AX)(?:([+-])([0-9]{1,2}))?")
+
+
+def signal_number(name: Any) -> int | None:
+    """The number of signal ``name`` if profkit may take it over, else None.
+
+    SIGUSR1 and SIGUSR2 are left to applications, and so is the real-time range (SIGRTMIN
+    to SIGRTMAX, also written SIGRTMIN+n and SIGRTMAX-n). Every other signal means
+    something to someone: SIGTERM and SIGINT stop the process for its manager and the shell,
+    SIGSEGV is a crash, SIGCHLD reaps children, SIGALRM is someone's timeout. A trigger on
+    one of those would take that meaning away from the process.
+    """
+    if name in ("SIGUSR1", "SIGUSR2"):
+        number = getattr(signal, name, None)
+        return None if number is None else int(number)
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    match = _REAL_TIME.fullmatch(name) if isinstance(name, str) else None
+    if low is None or high is None or match is None:
+        return None
+    end, sign, offset = match.groups()
+    number = int(low) if end == "IN" else int(high)
+    if sign is not None:
+        number += int(offset) if sign == "+" else -int(offset)
+    return number if int(low) <= number <= int(high) else None
 
 
 def _activities(value: Any) -> Any:
@@ -198,8 +214,8 @@ def _has(value: Any, *methods: str) -> bool:
 
 SIGNAL = _meta(
     Setting(
-        lambda v: v is None or _is_signal(v),
-        "the name of a signal this platform has that can be caught, or None",
+        lambda v: v is None or signal_number(v) is not None,
+        "SIGUSR1, SIGUSR2, a real-time signal (SIGRTMIN, SIGRTMIN+n, SIGRTMAX-n, SIGRTMAX) or None",
         _or_none(_parse_text),
     )
 )

@@ -18,13 +18,14 @@ import warnings
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import profkit
-from profkit._config import ENV_VARS, Config, build_config
+from profkit._config import ENV_VARS, Config, build_config, setting
 from profkit._deadline import Deadline
 from profkit._sampling import EveryN, RateLimiter, TraceIdRatio
+from profkit._settings import signal_number
 from profkit._slow import LatencyBook
 from profkit._thresholds import Thresholds
 
@@ -35,17 +36,19 @@ NUMERIC = [
     if f.type in ("int", "float", "int | None", "float | None")
 ]
 
-#: the signals a process may hand to profkit, worked out here independently of profkit
-SAFE_SIGNALS = {"SIGUSR1": 0, "SIGUSR2": 0}
-if hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX"):
-    _LOW, _HIGH = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
-    SAFE_SIGNALS.update({"SIGRTMIN": _LOW, "SIGRTMAX": _HIGH})
-    SAFE_SIGNALS.update({f"SIGRTMIN+{i}": _LOW + i for i in range(_HIGH - _LOW + 1)})
-    SAFE_SIGNALS.update({f"SIGRTMAX-{i}": _HIGH - i for i in range(_HIGH - _LOW + 1)})
-for _name in ("SIGUSR1", "SIGUSR2"):
-    if hasattr(signal, _name):
-        SAFE_SIGNALS[_name] = int(getattr(signal, _name))
 
+def _safe_signals() -> dict[str, int]:
+    """The signals a process may hand to profkit, by name, worked out apart from profkit."""
+    safe = {n: int(getattr(signal, n)) for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)}
+    if hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX"):
+        low, high = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
+        safe |= {"SIGRTMIN": low, "SIGRTMAX": high}
+        for i in range(high - low + 1):
+            safe |= {f"SIGRTMIN+{i}": low + i, f"SIGRTMAX-{i}": high - i}
+    return safe
+
+
+SAFE_SIGNALS = _safe_signals()
 EDGES = [1e308, -1e308, math.inf, -math.inf, math.nan, -0.0, 0.0, 5e-324, 2**31, 2**63, 10**400]
 WORDS = ["SIGUSR1", "SIGTERM", "SIGINT", "SIGKILL", "SIGRTMIN+3", "SIGRTMAX-1", "SIGRTMIN+99"]
 WORDS += ["cpu", "auto", "CPU, CUDA", "otel", "log", "", "none", "/tmp", "1e308", "-0.0"]
@@ -62,6 +65,35 @@ VALUES = st.one_of(
     st.tuples(st.sampled_from(["otel", "log", "json", "console", "nope"])),
     st.lists(st.sampled_from(["otel", "log", 3]), max_size=3),
 )
+BOUNDS = [1, 3600, 3_600_000, 1_000_000, 2**31 - 1, 2**40]
+
+
+def accepted(name: str) -> st.SearchStrategy[Any]:
+    """Values of the setting's type up to the largest of BOUNDS it accepts (that one too),
+    that its rule accepts: examples go on to build a Config and use it."""
+    check = setting(name).check
+    if name == "trigger_signal":
+        return st.sampled_from(sorted(SAFE_SIGNALS))
+    top = max(b for b in BOUNDS if check(b))
+    if next(f.type for f in dataclasses.fields(Config) if f.name == name).startswith("int"):
+        values = st.one_of(st.integers(0 if check(0) else 1, top), st.just(top))
+    else:
+        above = st.floats(0.0, top, exclude_min=not check(0.0))
+        values = st.one_of(above, st.just(float(top)))
+    return values.filter(check)
+
+
+def mostly_accepted(name: str) -> st.SearchStrategy[Any]:
+    """Four times in five a value the setting accepts, else any value at all."""
+    return st.integers(0, 4).flatmap(lambda k: VALUES if k == 0 else accepted(name))
+
+
+def some_settings(names: list[str], max_size: int) -> st.SearchStrategy[dict[str, Any]]:
+    """Up to ``max_size`` of ``names``, each with a value that is mostly acceptable."""
+    chosen = st.lists(st.sampled_from(names), unique=True, max_size=max_size)
+    return chosen.flatmap(lambda keys: st.fixed_dictionaries({k: mostly_accepted(k) for k in keys}))
+
+
 TEXTS = st.one_of(
     st.text(max_size=16),
     st.sampled_from([*WORDS, "inf", "nan", "1e400", "9" * 5000, "1_000", " 7 ", "true", "on"]),
@@ -88,7 +120,8 @@ def consequences(config: Config) -> None:
         Deadline(timeout).wait_arg()
     assert math.isfinite(time.monotonic() + config.max_window_s)
     assert config.warmup + config.window < 2**63
-    assert config.trigger_signal is None or config.trigger_signal in SAFE_SIGNALS
+    if config.trigger_signal is not None:  # the number _signals installs a handler on
+        assert SAFE_SIGNALS[config.trigger_signal] == signal_number(config.trigger_signal)
 
 
 def rebuilt(config: Config) -> Config:
@@ -115,6 +148,7 @@ def test_any_value_of_any_setting(name: str, value: Any) -> None:
     except ValueError as exc:
         error = str(exc)
         config = None
+    event("refused" if config is None else "built")
     if config is None:
         assert f"profkit setting '{name}'" in error
         return
@@ -123,10 +157,11 @@ def test_any_value_of_any_setting(name: str, value: Any) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(NUMERIC), VALUES, max_size=6))
+@given(some_settings(NUMERIC, 6))
 def test_any_values_of_the_numbers_together(overrides: dict[str, Any]) -> None:
     """Several numeric settings at once (sums and products of them included) stay safe."""
     config = build_or_value_error(overrides)
+    event("refused" if config is None else "built")
     if config is not None:
         assert config == rebuilt(config)
         consequences(config)
@@ -146,7 +181,7 @@ def test_any_text_in_any_variable(environ: dict[str, str]) -> None:
 
 @pytest.mark.timeout(120)
 @settings(max_examples=25, deadline=None)
-@given(st.dictionaries(st.sampled_from([*NUMERIC, "trigger_signal"]), VALUES, max_size=3))
+@given(some_settings([*NUMERIC, "trigger_signal"], 3))
 def test_configure_itself(overrides: dict[str, Any]) -> None:
     """The real configure() (a session starts, a signal may be installed), then shutdown()."""
     try:
@@ -154,6 +189,7 @@ def test_configure_itself(overrides: dict[str, Any]) -> None:
     except ValueError as exc:
         error = str(exc)
         config = None
+    event("refused" if config is None else "configured")
     if config is None:
         assert ("profkit setting", None) == (error[:15], profkit.get_config())
         return

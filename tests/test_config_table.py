@@ -34,7 +34,7 @@ FIELDS = dataclasses.fields(profkit.Config)
 CANDIDATES: tuple[Any, ...] = (
     *(True, False, None, 0, 1, 2, 7, 100, 10_000, 2**31 - 1),
     *(0.0, 0.01, 0.5, 1.0, 1.5, 20.0, 3600, 3600.0, 1e-3, 1e-9),
-    *("SIGUSR1", "SIGUSR2", "auto", "cpu", "cuda", "cpu,cuda", "/var/tmp/profkit"),
+    *("SIGUSR1", "SIGUSR2", "SIGRTMIN+3", "auto", "cpu", "cuda", "cpu,cuda", "/var/tmp/profkit"),
     *((), ("log",), ("otel", "log", "console", "json")),
 )
 
