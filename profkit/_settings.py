@@ -176,11 +176,13 @@ def signal_number(name: Any) -> int | None:
     SIGSEGV is a crash, SIGCHLD reaps children, SIGALRM is someone's timeout. A trigger on
     one of those would take that meaning away from the process.
     """
+    if not isinstance(name, str):
+        return None
     if name in ("SIGUSR1", "SIGUSR2"):
         number = getattr(signal, name, None)
         return None if number is None else int(number)
     low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
-    match = _REAL_TIME.fullmatch(name) if isinstance(name, str) else None
+    match = _REAL_TIME.fullmatch(name)
     if low is None or high is None or match is None:
         return None
     end, sign, offset = match.groups()
@@ -220,11 +222,16 @@ SIGNAL = _meta(
     )
 )
 ACTIVITY = _meta(
-    Setting(lambda v: v in ACTIVITIES, f"one of {ACTIVITIES}", _parse_text, coerce=_activities)
+    Setting(
+        lambda v: isinstance(v, str) and v in ACTIVITIES,
+        f"one of {ACTIVITIES}",
+        _parse_text,
+        coerce=_activities,
+    )
 )
 EXPORTER_NAMES = _meta(
     Setting(
-        lambda v: isinstance(v, tuple) and all(n in EXPORTERS for n in v),
+        lambda v: isinstance(v, tuple) and all(isinstance(n, str) and n in EXPORTERS for n in v),
         f"a tuple of names from {EXPORTERS}",
         _parse_names,
         accepts="Sequence[str] | str",
