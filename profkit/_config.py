@@ -1,4 +1,16 @@
-"""Settings: one frozen dataclass, each field documented and readable from a ``PROFKIT_*`` env var.
+"""Settings, declared once: the fields of one frozen dataclass, each with its rule.
+
+Each field of :class:`Config` has a docstring (what the setting does) and, in its metadata, a
+``Setting`` (``_settings.py``): the rule its values must meet (a check, and the words that
+errors and the docs use for it), how its ``PROFKIT_*`` variable is parsed (object settings
+have none), and what ``configure()`` accepts for it. Validation, ``ENV_VARS``, environment
+parsing, the table on the Configuration page (:func:`markdown_table`) and the test of
+``configure()``'s signature all read this one table.
+
+Every number has an upper bound, far past any useful value, so that nothing profkit later
+computes from a setting can overflow (``int(slow_ms * 1e6)``, a lock timeout past
+``threading.TIMEOUT_MAX``, ``float()`` of a huge int); ``trigger_signal`` takes only signals
+nobody else owns.
 
 Explicit ``configure()`` arguments are validated strictly and raise ``ValueError`` naming the
 setting. Environment variables only fill settings that were not passed; a malformed one warns
@@ -8,149 +20,182 @@ crashes an import or a request.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import math
+import inspect
+import itertools
 import os
-import signal
+import re
+import textwrap
 import warnings
 from collections.abc import Mapping
+from dataclasses import field
 from typing import Any
 
-__all__ = ["ENV_VARS", "MAX_EXPORT_TIMEOUT", "Config", "ProfkitConfigWarning", "build_config"]
+from ._settings import (
+    ACTIVITY,
+    DIRECTORY,
+    EXPORTER_NAMES,
+    EXPORTER_OBJECTS,
+    FLAG,
+    KEY,
+    LOGGER,
+    MAX_COUNT,
+    PROVIDER,
+    SIGNAL,
+    Setting,
+    int_in,
+    number_in,
+)
 
-_ACTIVITIES = ("auto", "cpu", "cuda", "cpu,cuda")
+__all__ = [
+    "ENV_VARS",
+    "MAX_EXPORT_TIMEOUT",
+    "Config",
+    "ProfkitConfigWarning",
+    "build_config",
+    "markdown_table",
+    "setting",
+]
+
 #: longest ``export_timeout`` (an hour): an exporter that may take longer per window than
 #: this is hung, and timeouts near ``threading.TIMEOUT_MAX`` overflow the standard library
 MAX_EXPORT_TIMEOUT = 3600.0
-_EXPORTERS = ("console", "json", "log", "otel")
+#: the longest ``slow_ms``, an hour: a call slower than that is not a latency question, and
+#: the threshold becomes integer nanoseconds (``int(slow_ms * 1e6)``)
+_HOUR_MS = 3_600_000
 
 
 class ProfkitConfigWarning(UserWarning):
     """A ``PROFKIT_*`` environment variable could not be parsed and was ignored."""
 
 
+# -- the table ------------------------------------------------------------------------------
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Every profkit setting. Build it with :func:`profkit.configure`; fields are read-only."""
 
-    enabled: bool = True
+    enabled: bool = field(default=True, metadata=FLAG)
     """Master switch. When false, decorated code runs unprofiled and nothing is counted."""
 
-    sample_every: int | None = None
+    sample_every: int | None = field(default=None, metadata=int_in(1, MAX_COUNT, none=True))
     """Profile one root call in N (counter-based, exact). Default 100 when no rate is given."""
 
-    sample_rate: float | None = None
+    sample_rate: float | None = field(
+        default=None, metadata=number_in(0, 1, closed=True, none=True)
+    )
     """Profile this fraction of root calls, consistent with the active OTel trace id."""
 
-    max_per_minute: float | None = 60.0
+    max_per_minute: float | None = field(default=60.0, metadata=number_in(0, 1e6, none=True))
     """Cap on profiler windows opened per minute (token bucket, bursts up to the same number);
     None means no cap. The default, one a second on average, bounds what profkit costs a
     busy service whatever the sampling rate."""
 
-    max_overhead: float | None = None
+    max_overhead: float | None = field(default=None, metadata=number_in(0, 1, none=True))
     """Largest share of the process's CPU time profkit may use (0.01: 1%), over the last ~10 s;
     past it, sampled calls are skipped (``skipped_budget``). None means no budget."""
 
-    capture_slow: bool = False
+    capture_slow: bool = field(default=False, metadata=FLAG)
     """Time root calls per label and profile some speculatively; export those slower than the
     label's recent p95 (policy "slow"), release the others unread."""
 
-    slow_ms: float | None = None
+    slow_ms: float | None = field(default=None, metadata=number_in(0, _HOUR_MS, none=True))
     """With ``capture_slow``: a call slower than this many ms is slow (None: the label's p95)."""
 
-    baggage_trigger: bool = False
+    baggage_trigger: bool = field(default=False, metadata=FLAG)
     """Profile a root call whose OTel baggage holds ``profkit.profile=1`` (policy "baggage");
     still under ``max_per_minute`` and ``max_overhead``."""
 
-    trigger_signal: str | None = None
+    trigger_signal: str | None = field(default=None, metadata=SIGNAL)
     """Signal name ("SIGUSR1") on which the process profiles its next root call; None: none."""
 
-    window: int = 1
+    window: int = field(default=1, metadata=int_in(1, MAX_COUNT))
     """Root calls recorded per profiler window (on the thread that opened it)."""
 
-    warmup: int = 0
+    warmup: int = field(default=0, metadata=int_in(0, MAX_COUNT))
     """Root calls run under the profiler and discarded before the recorded ones."""
 
-    activities: str = "auto"
+    activities: str = field(default="auto", metadata=ACTIVITY)
     """Profiler activities: "auto" (CPU, plus CUDA when available), "cpu", "cuda", "cpu,cuda"."""
 
-    record_shapes: bool = False
+    record_shapes: bool = field(default=False, metadata=FLAG)
     """Record operator input shapes (rows are then grouped by name and shapes)."""
 
-    profile_memory: bool = False
+    profile_memory: bool = field(default=False, metadata=FLAG)
     """Record tensor allocations (self CPU / device memory per op)."""
 
-    with_flops: bool = False
+    with_flops: bool = field(default=False, metadata=FLAG)
     """Estimate FLOPs for matmul and convolution ops."""
 
-    with_stack: bool = False
+    with_stack: bool = field(default=False, metadata=FLAG)
     """Record Python stacks (expensive; for the Chrome trace only)."""
 
-    all_threads: bool = False
+    all_threads: bool = field(default=False, metadata=FLAG)
     """Record every thread, not only the sampled call's (for handlers that offload to pools)."""
 
-    top_k: int = 10
+    top_k: int = field(default=10, metadata=int_in(1, MAX_COUNT))
     """Op rows kept per scope; the rest is folded into one "other" row."""
 
-    max_window_s: float = 1.0
+    max_window_s: float = field(default=1.0, metadata=number_in(0, 3600))
     """Seconds a window may record; past it, it stops at profkit's next checkpoint (truncated)."""
 
-    max_events: int = 20_000
+    max_events: int = field(default=20_000, metadata=int_in(1, MAX_COUNT))
     """Profiler events summarised per window; past it, the earliest are kept (truncated)."""
 
-    queue_size: int = 16
+    queue_size: int = field(default=16, metadata=int_in(1, 1_000_000))
     """Stopped windows waiting for the export worker; a full queue drops and counts."""
 
-    export_timeout: float = 5.0
-    """Seconds (at most 3600) one exporter may take for one window before it is cut off and
-    counted."""
+    export_timeout: float = field(default=5.0, metadata=number_in(0, MAX_EXPORT_TIMEOUT))
+    """Seconds one exporter may take for one window before it is cut off and counted."""
 
-    exporters: tuple[str, ...] = ("otel", "log")
+    exporters: tuple[str, ...] = field(default=("otel", "log"), metadata=EXPORTER_NAMES)
     """Built-in exporters by name: "otel" (spans), "log" (structlog events), "console", "json"."""
 
-    trace_dir: str | None = None
+    trace_dir: str | None = field(default=None, metadata=DIRECTORY)
     """Directory for one Chrome/Perfetto trace file per window; None disables trace files."""
 
-    trace_max_files: int = 20
+    trace_max_files: int = field(default=20, metadata=int_in(1, MAX_COUNT))
     """Trace files kept in ``trace_dir`` (oldest removed first)."""
 
-    trace_max_bytes: int = 200 * 1024 * 1024
+    trace_max_bytes: int = field(default=200 * 1024 * 1024, metadata=int_in(1, 2**40))
     """Total bytes of trace files kept in ``trace_dir``."""
 
-    trace_gzip: bool = True
+    trace_gzip: bool = field(default=True, metadata=FLAG)
     """Write trace files gzip-compressed (``.json.gz``)."""
 
-    max_attribute_length: int = 256
+    max_attribute_length: int = field(default=256, metadata=int_in(1, MAX_COUNT))
     """Longest string (label, op name, attribute value) written to a span or log event."""
 
-    max_attributes: int = 64
+    max_attributes: int = field(default=64, metadata=int_in(1, MAX_COUNT))
     """User attributes kept per scope."""
 
-    launch_bound_op_us: float = 20.0
+    launch_bound_op_us: float = field(default=20.0, metadata=number_in(0, 1e6))
     """Diagnosis: median op self time (µs) at or below which many ops read as launch-bound.
 
     Also the launch-glue allowance: this much host time per op event outside the ops (Python,
     dispatch, profiler bookkeeping between ops) counts as launching them, not as input.
     """
 
-    launch_bound_min_ops: int = 200
+    launch_bound_min_ops: int = field(default=200, metadata=int_in(1, MAX_COUNT))
     """Diagnosis: ops per call at or above which a call can be launch-bound."""
 
-    input_bound_share: float = 0.5
+    input_bound_share: float = field(default=0.5, metadata=number_in(0, 1))
     """Diagnosis: share of the call outside torch ops (less launch glue) making it input-bound."""
 
-    compute_bound_top2_share: float = 0.6
+    compute_bound_top2_share: float = field(default=0.6, metadata=number_in(0, 1))
     """Diagnosis: share of op time taken by the top two ops at which a call is compute-bound."""
 
-    tracer_provider: Any = None
+    tracer_provider: Any = field(default=None, metadata=PROVIDER)
     """OTel TracerProvider for spans, flushed by profkit's flushes; None uses the global one,
     which profkit never flushes."""
 
-    logger: Any = None
+    logger: Any = field(default=None, metadata=LOGGER)
     """structlog-style logger (``info``, ``warning``) for events; None uses
     ``structlog.get_logger("profkit")``."""
 
-    extra_exporters: tuple[Any, ...] = ()
+    extra_exporters: tuple[Any, ...] = field(default=(), metadata=EXPORTER_OBJECTS)
     """Exporter objects (see :class:`profkit.exporters.Exporter`) added to the named ones."""
 
     @property
@@ -161,53 +206,38 @@ class Config:
         return self.sample_every if self.sample_every is not None else 100
 
 
-#: settings that are objects, not values, and so have no environment variable
-_NO_ENV = frozenset({"tracer_provider", "logger", "extra_exporters"})
+_SETTINGS: Mapping[str, Setting] = {f.name: f.metadata[KEY] for f in dataclasses.fields(Config)}
 
-#: env var name for each setting
+#: env var name for each setting that is a value (objects have none)
 ENV_VARS: Mapping[str, str] = {
-    f.name: f"PROFKIT_{f.name.upper()}" for f in dataclasses.fields(Config) if f.name not in _NO_ENV
+    name: f"PROFKIT_{name.upper()}" for name, spec in _SETTINGS.items() if spec.parse is not None
 }
 
 
-def _parse_bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {raw!r}")
+def setting(name: str) -> Setting:
+    """The table's entry for ``name``; ``ValueError`` for a setting that does not exist."""
+    spec = _SETTINGS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown profkit setting {name!r}")
+    return spec
 
 
-def _parse_env(name: str, raw: str) -> Any:
-    field_type = _FIELD_TYPES[name]
-    if field_type.endswith("| None") and raw.strip().lower() in ("", "none"):
-        return None  # e.g. PROFKIT_MAX_PER_MINUTE=none: no cap
-    if field_type == "bool":
-        return _parse_bool(raw)
-    if field_type in ("int", "int | None"):
-        return int(raw.strip())
-    if field_type in ("float", "float | None"):
-        return float(raw.strip())
-    if field_type == "tuple[str, ...]":
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
-    return raw.strip() or None
+# -- validation and the environment --------------------------------------------------------
 
 
-_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Config)}
+def _repr(value: Any) -> str:
+    """``repr(value)`` for an error message, short, and never raising."""
+    try:
+        text = repr(value)
+    except Exception:  # an int past str()'s digit limit; an object whose __repr__ raises
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _check(name: str, ok: bool, value: Any, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"profkit setting {name!r}: {rule}, got {value!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_num(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _validate_one(name: str, value: Any) -> None:
+    spec = setting(name)
+    if not spec.check(value):
+        raise ValueError(f"profkit setting {name!r}: must be {spec.rule}, got {_repr(value)}")
 
 
 def validate(values: Mapping[str, Any]) -> None:
@@ -220,89 +250,18 @@ def validate(values: Mapping[str, Any]) -> None:
         )
 
 
-def _is_signal(name: str) -> bool:
-    """A signal's name that a handler can catch (not SIGKILL, SIGSTOP)."""
-    return (
-        name.isupper()
-        and name.startswith("SIG")
-        and name not in ("SIGKILL", "SIGSTOP")
-        and isinstance(getattr(signal, name, None), signal.Signals)
-    )
-
-
-def _validate_one(name: str, value: Any) -> None:
-    if name not in _FIELD_TYPES:
-        raise ValueError(f"unknown profkit setting {name!r}")
-    kind = _FIELD_TYPES[name]
-    if kind == "bool":
-        _check(name, isinstance(value, bool), value, "must be True or False")
-    elif name == "sample_every":
-        _check(name, value is None or (_is_int(value) and value >= 1), value, "must be an int >= 1")
-    elif name == "sample_rate":
-        ok = value is None or (_is_num(value) and 0.0 <= value <= 1.0)
-        _check(name, ok, value, "must be a number in [0, 1]")
-    elif name == "max_per_minute":
-        _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
-    elif name == "max_overhead":
-        ok = value is None or (_is_num(value) and 0 < value <= 1)
-        _check(name, ok, value, "must be a fraction in (0, 1] or None")
-    elif name in (
-        "window",
-        "top_k",
-        "max_events",
-        "queue_size",
-        "trace_max_files",
-        "trace_max_bytes",
-        "max_attribute_length",
-        "max_attributes",
-        "launch_bound_min_ops",
-    ):
-        _check(name, _is_int(value) and value >= 1, value, "must be an int >= 1")
-    elif name == "warmup":
-        _check(name, _is_int(value) and value >= 0, value, "must be an int >= 0")
-    elif name == "export_timeout":
-        ok = _is_num(value) and 0 < value <= MAX_EXPORT_TIMEOUT
-        _check(name, ok, value, f"must be a number of seconds in (0, {MAX_EXPORT_TIMEOUT:g}]")
-    elif name == "slow_ms":
-        _check(name, value is None or (_is_num(value) and value > 0), value, "must be > 0 or None")
-    elif name == "trigger_signal":
-        ok = value is None or (isinstance(value, str) and _is_signal(value))
-        rule = "must be the name of a signal this platform has that can be caught, or None"
-        _check(name, ok, value, rule)
-    elif name in ("launch_bound_op_us", "max_window_s"):
-        _check(name, _is_num(value) and value > 0, value, "must be a number > 0")
-    elif name in ("input_bound_share", "compute_bound_top2_share"):
-        _check(name, _is_num(value) and 0 < value <= 1, value, "must be a number in (0, 1]")
-    elif name == "activities":
-        norm = value.replace(" ", "").lower() if isinstance(value, str) else value
-        _check(name, norm in _ACTIVITIES, value, f"must be one of {_ACTIVITIES}")
-    elif name == "exporters":
-        ok = isinstance(value, tuple) and all(v in _EXPORTERS for v in value)
-        _check(name, ok, value, f"must be a tuple of names from {_EXPORTERS}")
-    elif name == "trace_dir":
-        _check(name, value is None or isinstance(value, str), value, "must be a path or None")
-    elif name == "tracer_provider":
-        ok = value is None or callable(getattr(value, "get_tracer", None))
-        _check(name, ok, value, "must be an OpenTelemetry TracerProvider (get_tracer()) or None")
-    elif name == "logger":
-        ok = value is None or all(callable(getattr(value, m, None)) for m in ("info", "warning"))
-        _check(name, ok, value, "must be a logger with info() and warning() methods, or None")
-    elif name == "extra_exporters":
-        ok = isinstance(value, tuple) and all(callable(getattr(v, "export", None)) for v in value)
-        _check(name, ok, value, "must be a tuple of objects with an export() method")
-
-
 def _from_env(name: str, environ: Mapping[str, str]) -> tuple[bool, Any]:
-    var = ENV_VARS.get(name)
-    if var is None or var not in environ:
+    var = ENV_VARS[name]
+    if var not in environ:
         return False, None
     raw = environ[var]
+    spec = _SETTINGS[name]
     try:
-        value = _parse_env(name, raw)
+        value = spec.coerce(spec.parse(raw)) if spec.parse is not None else None
         _validate_one(name, value)
     except ValueError as exc:
         warnings.warn(
-            f"profkit: ignoring {var}={raw!r} ({exc}); using the default",
+            f"profkit: ignoring {var}={_repr(raw)} ({exc}); using the default",
             ProfkitConfigWarning,
             stacklevel=4,
         )
@@ -312,25 +271,16 @@ def _from_env(name: str, environ: Mapping[str, str]) -> tuple[bool, Any]:
 
 def build_config(overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     """Validate ``overrides`` strictly, fill the rest from ``environ`` leniently, build a Config."""
-    values = dict(overrides)
-    if isinstance(values.get("exporters"), (list, str)):
-        raw = values["exporters"]
-        values["exporters"] = (raw,) if isinstance(raw, str) else tuple(raw)
-    if isinstance(values.get("extra_exporters"), list):
-        values["extra_exporters"] = tuple(values["extra_exporters"])
-    if isinstance(values.get("trace_dir"), os.PathLike):
-        values["trace_dir"] = os.fspath(values["trace_dir"])
+    values = {name: setting(name).coerce(value) for name, value in overrides.items()}
     validate(values)
     env = os.environ if environ is None else environ
     sampling_given = "sample_every" in values or "sample_rate" in values
-    for f in dataclasses.fields(Config):
-        if f.name in values:
+    for name in ENV_VARS:
+        if name in values or (sampling_given and name in ("sample_every", "sample_rate")):
             continue
-        if sampling_given and f.name in ("sample_every", "sample_rate"):
-            continue
-        found, value = _from_env(f.name, env)
+        found, value = _from_env(name, env)
         if found:
-            values[f.name] = value
+            values[name] = value
     if values.get("sample_every") is not None and values.get("sample_rate") is not None:
         warnings.warn(
             "profkit: PROFKIT_SAMPLE_EVERY and PROFKIT_SAMPLE_RATE are both set; using the rate",
@@ -338,6 +288,51 @@ def build_config(overrides: Mapping[str, Any], environ: Mapping[str, str] | None
             stacklevel=3,
         )
         values["sample_every"] = None
-    if isinstance(values.get("activities"), str):
-        values["activities"] = values["activities"].replace(" ", "").lower()
     return Config(**values)
+
+
+# -- the docs' table ------------------------------------------------------------------------
+
+_HEADER = ("Setting", "Environment variable", "Type", "Default", "Accepted values", "Description")
+
+
+def field_docs() -> dict[str, str]:
+    """The docstring under each ``Config`` field, read from the source (one line each)."""
+    (tree,) = ast.parse(textwrap.dedent(inspect.getsource(Config))).body
+    assert isinstance(tree, ast.ClassDef)
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(tree.body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _markdown(text: str) -> str:
+    """Docstring text as a table cell: ``x`` and :class:`x` -> `x`, pipes escaped."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    parts = text.split("`")  # inside code spans Python-Markdown does not split cells
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def markdown_table() -> str:
+    """The settings table of docs/configuration.md: one row per ``Config`` field, in order."""
+    docs = field_docs()
+    lines = ["| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
+    for f in dataclasses.fields(Config):
+        env = ENV_VARS.get(f.name)
+        cells = (
+            f"`{f.name}`",
+            f"`{env}`" if env else "—",
+            f"`{f.type}`",
+            f"`{f.default!r}`",
+            _markdown(_SETTINGS[f.name].rule),
+            _markdown(docs.get(f.name, "")),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -4,6 +4,9 @@
 no other) that adds one trigger for any label, as ``profkit.trigger(1)`` does. At most one
 such handler exists per process; this module keeps what it replaced.
 
+- **Only signals nobody else owns**: SIGUSR1, SIGUSR2 and the real-time range (the settings
+  refuse the others, :func:`profkit._settings.signal_number` names them). SIGTERM, SIGINT,
+  SIGSEGV, SIGCHLD... mean something to the process, its manager or the runtime.
 - **Chained, not replaced.** A handler the application installed from Python before is called
   after profkit's trigger, with the same arguments; what it raises is the application's and
   reaches it. A handler not installed from Python (``signal.getsignal`` says None: C code,
@@ -28,6 +31,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from ._errors import Stats
+from ._settings import signal_number
 
 __all__ = ["apply"]
 
@@ -84,7 +88,8 @@ def _handler_for(box: _Installed) -> Callable[[int, FrameType | None], None]:
 
 def apply(name: str | None, target: _Target | None, stats: Stats) -> None:
     """Make ``name`` (or no signal) trigger ``target``; from configure() and shutdown()."""
-    signum = int(getattr(signal, name)) if name is not None and target is not None else None
+    # a name the settings accepted: SIGUSR1, SIGUSR2 or a real-time signal ("SIGRTMIN+3")
+    signum = signal_number(name) if target is not None else None
     old = _state.installed
     if old is not None:
         old.target = None  # first: whatever happens next, the old session gets no trigger

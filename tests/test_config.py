@@ -136,3 +136,84 @@ def test_import_with_bad_env_does_not_crash() -> None:
         check=False,
     )
     assert (0, "0") == (out.returncode, out.stdout.strip())
+
+
+# -- no setting can break the process later (issue #26) --------------------------------------
+
+HUGE = [1e308, 10**400, 2**63]
+"""Numbers past every bound: each once reached an OverflowError (or a hang) later."""
+
+
+@pytest.mark.parametrize("value", HUGE, ids=["1e308", "10**400", "2**63"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sample_every",
+        "max_per_minute",
+        "slow_ms",
+        "window",
+        "warmup",
+        "top_k",
+        "max_window_s",
+        "max_events",
+        "queue_size",
+        "export_timeout",
+        "trace_max_files",
+        "trace_max_bytes",
+        "max_attribute_length",
+        "max_attributes",
+        "launch_bound_op_us",
+        "launch_bound_min_ops",
+    ],
+)
+def test_huge_numbers_are_value_errors(name: str, value: float) -> None:
+    """A number past the setting's upper bound is a ValueError naming it, not an
+    OverflowError later (slow_ms=1e308 became int(slow_ms * 1e6) in the session)."""
+    with pytest.raises(ValueError, match=f"profkit setting '{name}'"):
+        profkit.configure(**{name: value})
+    assert get_session() is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("slow_ms", 3_600_001), ("max_window_s", 3601), ("queue_size", 1_000_001)],
+)
+def test_just_past_the_documented_bound_is_refused(name: str, value: float) -> None:
+    """The bounds are where the docs say: slow_ms 1 h, max_window_s 1 h, queue_size 1M."""
+    with pytest.raises(ValueError, match=f"profkit setting '{name}'"):
+        build_config({name: value}, environ={})
+
+
+def test_the_largest_values_configure_and_shut_down() -> None:
+    """Every numeric setting at its upper bound: configure() builds a session that runs."""
+    top = {
+        "sample_every": 2**31 - 1,
+        "max_per_minute": 1_000_000,
+        "capture_slow": True,
+        "slow_ms": 3_600_000,
+        "window": 2**31 - 1,
+        "warmup": 2**31 - 1,
+        "top_k": 2**31 - 1,
+        "max_window_s": 3600,
+        "max_events": 2**31 - 1,
+        "queue_size": 1_000_000,
+        "export_timeout": 3600,
+        "trace_max_files": 2**31 - 1,
+        "trace_max_bytes": 2**40,
+        "max_attribute_length": 2**31 - 1,
+        "max_attributes": 2**31 - 1,
+        "launch_bound_op_us": 1_000_000,
+        "launch_bound_min_ops": 2**31 - 1,
+    }
+    config = profkit.configure(exporters=(), **top)
+    assert top == {name: getattr(config, name) for name in top}
+    assert 1 == sampled()
+    assert profkit.shutdown(10.0)
+
+
+def test_env_var_past_its_bound_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_SLOW_MS=1e308 warns and slow_ms stays None (the label's p95)."""
+    monkeypatch.setenv("PROFKIT_SLOW_MS", "1e308")
+    with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SLOW_MS"):
+        config = build_config({"capture_slow": True})
+    assert config.slow_ms is None

@@ -19,6 +19,7 @@ from fresh_interpreter import run_fresh
 
 import profkit
 from profkit import ProfkitConfigWarning
+from profkit._config import build_config
 from profkit._sampling import Triggered
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
@@ -208,6 +209,80 @@ def test_invalid_signal_name_is_a_value_error(name: object) -> None:
     with pytest.raises(ValueError, match="trigger_signal"):
         profkit.configure(trigger_signal=name)  # type: ignore[arg-type]
     assert profkit.get_config() is None
+
+
+#: signals whose default action or meaning belongs to someone else: the kernel (SIGSEGV),
+#: the shell and process managers (SIGTERM, SIGINT, SIGHUP), the runtime (SIGCHLD, SIGPIPE)
+UNSAFE = [
+    name
+    for name in (
+        *("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE"),
+        *("SIGILL", "SIGALRM", "SIGCHLD", "SIGPIPE", "SIGPROF", "SIGWINCH", "SIGCONT", "SIGTRAP"),
+    )
+    if hasattr(signal, name)
+]
+HAS_RT = hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX")
+
+
+@pytest.mark.parametrize("name", UNSAFE)
+def test_unsafe_signal_is_a_value_error(name: str) -> None:
+    """Only SIGUSR1, SIGUSR2 and real-time signals may be taken over: others are refused."""
+    with pytest.raises(ValueError, match="profkit setting 'trigger_signal'"):
+        build_config({"trigger_signal": name}, environ={})
+
+
+def test_configure_refuses_sigterm_and_installs_nothing() -> None:
+    """configure(trigger_signal="SIGTERM") raises and leaves SIGTERM's handler alone."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ValueError, match="trigger_signal"):
+        profkit.configure(trigger_signal="SIGTERM")
+    assert (None, before) == (profkit.get_config(), signal.getsignal(signal.SIGTERM))
+
+
+def test_unsafe_signal_from_env_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_TRIGGER_SIGNAL=SIGTERM warns (ProfkitConfigWarning) and means no signal."""
+    monkeypatch.setenv("PROFKIT_TRIGGER_SIGNAL", "SIGTERM")
+    with pytest.warns(ProfkitConfigWarning, match="PROFKIT_TRIGGER_SIGNAL"):
+        config = build_config({})
+    assert config.trigger_signal is None
+
+
+@pytest.mark.skipif(not HAS_RT, reason="needs real-time signals")
+@pytest.mark.parametrize("name", ["SIGRTMIN", "SIGRTMAX", "SIGRTMIN+3", "SIGRTMAX-2"])
+def test_real_time_signals_are_accepted(name: str) -> None:
+    """The real-time range is free for applications: SIGRTMIN..SIGRTMAX, also as SIGRTMIN+n."""
+    assert name == build_config({"trigger_signal": name}, environ={}).trigger_signal
+
+
+@pytest.mark.skipif(not HAS_RT, reason="needs real-time signals")
+@pytest.mark.parametrize(
+    "name", ["SIGRTMIN-1", "SIGRTMAX+1", "SIGRTMIN+99", "SIGRTMIN+", "SIGRTMIN+-1"]
+)
+def test_outside_the_real_time_range_is_refused(name: str) -> None:
+    """A name past either end of the real-time range is no signal."""
+    with pytest.raises(ValueError, match="trigger_signal"):
+        build_config({"trigger_signal": name}, environ={})
+
+
+@pytest.mark.skipif(not HAS_RT, reason="needs real-time signals")
+def test_real_time_signal_profiles_the_next_root_call() -> None:
+    """trigger_signal="SIGRTMIN+1": that signal profiles the next root call, end to end."""
+    report = _fresh(
+        """
+        rt = signal.SIGRTMIN + 1
+        profkit.configure(trigger_signal="SIGRTMIN+1", **SETTINGS)
+        installed = handler_name(rt)
+        f()                                   # call 0: the sampler's own pick
+        os.kill(os.getpid(), rt)
+        f()                                   # triggered
+        f()                                   # not
+        got = policies()
+        profkit.shutdown()
+        report(policies=got, installed=installed, after=handler_name(rt))
+        """
+    )
+    assert ["every:1000000000", "trigger"] == report["policies"]
+    assert ("profkit_trigger_signal", "SIG_DFL") == (report["installed"], report["after"])
 
 
 def test_bad_env_var_warns_and_installs_nothing(
