@@ -152,11 +152,11 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
                 decision = session.begin_root(label, spec)
             except Exception as exc:
                 _errors.internal(session.stats, "begin_root", exc)
+            if decision is NOT_PROFILED:
+                return OFF
             kind, what = decision
             if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
                 return Timed(session.timed, label, what)
-            if kind is not PROFILED:
-                return OFF
             call = what
             return _open(call, None, session, label, attributes, code)
         except BaseException as exc:
@@ -314,10 +314,11 @@ def sync_call(
             error = exc
             raise
         finally:
-            if decision is pk_no or decision[0] is not pk_profiled:
-                pk_reset(token) if token is not None else pk_set(None)  # by token: cheaper
-                if decision[0] is pk_timed:
-                    session.timed(pk_label, decision[1])
+            if decision is pk_no:  # by token when it was stored (cheaper), else by value
+                pk_reset(token) if token is not None else pk_set(None)
+            elif decision[0] is pk_timed:
+                pk_reset(token) if token is not None else pk_set(None)
+                session.timed(pk_label, decision[1])
             else:
                 try:
                     pk_leave_root(entered, decision[1], session, error)
