@@ -171,7 +171,13 @@ def test_region_and_coroutine_roots_are_timed_and_judged() -> None:
     assert stats["speculative"] > 0
     slow = [c for c in cap.calls if c.policy == "slow"]
     assert slow, stats
-    assert all(c.label == "handle" and c.duration_us > 10_000 for c in slow)
+    # the 25 ms coroutine calls are kept, and every call kept beat its label's threshold (on
+    # a busy machine a descheduled 1 ms call, or a region root, can be slow too: wall time is
+    # what capture_slow judges)
+    assert any(c.label == "handle" and c.duration_us > 10_000 for c in slow), slow
+    assert all(
+        c.slow_threshold_ms is not None and c.duration_us / 1e3 > c.slow_threshold_ms for c in slow
+    ), slow
 
 
 @profkit.profiled("quick")
