@@ -179,6 +179,7 @@ def test_configure_after_fork_child_samples_and_exits_normally() -> None:
     assert 0 == report["child"], err[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_child_forked_after_profiling_warns_at_its_normal_exit() -> None:
     """profkit says why a child forked after a profiler ran may hang at exit (torch upstream)."""

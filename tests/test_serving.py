@@ -17,6 +17,7 @@ from profkit.testing import capture
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_streams_through_iterate_in_threadpool_leave_no_profiler_behind() -> None:
     """60 concurrent sampled streams via Starlette's threadpool: no thread keeps a profiler."""
     rc, report, err = run_fresh("serving_threadpool_streams")
@@ -32,6 +33,7 @@ def test_streams_through_iterate_in_threadpool_leave_no_profiler_behind() -> Non
     assert "Profiler is already enabled" not in err
 
 
+@pytest.mark.slow
 def test_long_open_stream_is_cut_short_without_stalling_the_loop() -> None:
     """A 3 s sampled stream on a busy loop: stopped at max_window_s, the loop never held up.
 
@@ -50,6 +52,7 @@ def test_long_open_stream_is_cut_short_without_stalling_the_loop() -> None:
     assert report["ops"][0] > 0
 
 
+@pytest.mark.slow
 def test_signal_timeouts_always_reach_the_caller_and_sampling_goes_on() -> None:
     """1,500 calls hit by random SIGALRM timeouts: each timeout raised, then 50 clean samples."""
     rc, report, err = run_fresh("serving_signal_timeouts")
