@@ -1,42 +1,51 @@
 """Run a test body in a fresh Python interpreter: exit-time and fork behaviour need one.
 
-The body sees ``f`` (a profiled function returning 6.0), ``report(**values)`` (one JSON line
-the test reads back), ``CaptureExporter`` and the modules json, os, sys, threading, time,
-torch and profkit. Nothing is configured before the body runs.
+Each body is a script in ``tests/scripts/`` (linted like the tests), run by name with its
+arguments and environment; it imports what it shares with the others from
+``tests/scripts/_fresh.py`` (``f``, a profiled function returning 6.0, and
+``report(**values)``, one JSON line the test reads back). Nothing is configured before the
+body runs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import textwrap
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["run_fresh"]
+__all__ = ["SCRIPTS", "run_fresh"]
 
-PRELUDE = """
-import json, os, sys, threading, time
-import torch
-import profkit
-from profkit.testing import CaptureExporter
-
-@profkit.profiled("f")
-def f():
-    return float(torch.ones(3).add_(1).sum())
-
-def report(**values):
-    print("REPORT " + json.dumps(values), flush=True)
-"""
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
 
 
-def run_fresh(body: str, timeout: float = 150.0) -> tuple[int, dict[str, Any], str]:
-    """Run PRELUDE + body; its exit status, its last report ({} if none) and its stderr."""
+def run_fresh(
+    script: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 150.0,
+) -> tuple[int, dict[str, Any], str]:
+    """Run ``tests/scripts/<script>.py args``; its exit status, last report ({} if none), stderr.
+
+    ``env`` replaces the environment (default: this process's). The repository root leads
+    ``PYTHONPATH`` either way, so the script imports this checkout's profkit.
+    """
+    path = SCRIPTS / f"{script}.py"
+    assert path.is_file(), f"no script {path}"
+    environ = dict(os.environ if env is None else env)
+    environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), environ.get("PYTHONPATH", "")) if p
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        [sys.executable, str(path), *args],
         capture_output=True,
         text=True,
         errors="replace",
+        env=environ,
         timeout=timeout,
         check=False,
     )

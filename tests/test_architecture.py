@@ -5,9 +5,6 @@ capture() restores, an exporter base class, typed stats, torch-free pure modules
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import typing
@@ -16,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from fresh_interpreter import run_fresh
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -89,7 +87,7 @@ def test_log_event_carries_span_id_with_log_exporter_first() -> None:
 
 @pytest.mark.parametrize("hang_export", [False, True], ids=["flush_and_shutdown", "everything"])
 def test_shutdown_with_three_hung_exporters_returns_within_deadline(hang_export: bool) -> None:
-    """shutdown(timeout=1) with three hung exporters returns False within 1.5 s (one deadline)."""
+    """shutdown(timeout=1) with three hung exporters returns False in under 2.5 s (one deadline)."""
     release = threading.Event()
     hung = tuple(_Hung(release, f"hung{i}", hang_export=hang_export) for i in range(3))
     try:
@@ -98,7 +96,8 @@ def test_shutdown_with_three_hung_exporters_returns_within_deadline(hang_export:
         t0 = time.monotonic()
         ok = profkit.shutdown(timeout=1)
         elapsed = time.monotonic() - t0
-        assert (False, True) == (ok, elapsed < 1.5), f"shutdown took {elapsed:.2f} s"
+        # one deadline for all three, not one each (3 s): the margin is for a busy machine
+        assert (False, True) == (ok, elapsed < 2.5), f"shutdown took {elapsed:.2f} s"
     finally:
         release.set()
 
@@ -169,31 +168,11 @@ def test_pure_modules_do_not_import_torch() -> None:
     # importing profkit.X runs profkit/__init__.py (which imports torch) first: a stand-in
     # package module with the real __path__ loads the submodules without it; one fresh
     # interpreter per module, so that each module answers for its own imports
-    code = textwrap.dedent(
-        """
-        import importlib, sys, types
-        pkg = types.ModuleType("profkit")
-        pkg.__path__ = [sys.argv[1]]
-        sys.modules["profkit"] = pkg
-        try:
-            importlib.import_module(sys.argv[2])
-        except Exception as exc:
-            print(repr(exc))
-        else:
-            print("imports torch" if "torch" in sys.modules else "ok")
-        """
-    )
     found: dict[str, str] = {}
     for name in PURE_MODULES:
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(PACKAGE_DIR), name],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert 0 == proc.returncode, proc.stderr
-        found[name] = proc.stdout.strip()
+        rc, report, err = run_fresh("import_without_torch", str(PACKAGE_DIR), name, timeout=120)
+        assert 0 == rc, err
+        found[name] = report["result"]
     assert dict.fromkeys(PURE_MODULES, "ok") == found
 
 

@@ -36,6 +36,7 @@ def test_bench_quick_run_prints_every_table() -> None:
         "### Slow-call capture",
         "| capture_slow on, no cap |",
         "| profiled, off-sample root, capture_slow on |",
+        "### Overhead budget (in process)",
         "### End to end (uvicorn + FastAPI)",
         "| without profkit |",
     ):

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import structlog
+from fresh_interpreter import run_fresh
 from opentelemetry.sdk.trace import TracerProvider
 
 import profkit
@@ -123,19 +124,9 @@ def test_every_setting_but_objects_has_an_env_var() -> None:
 
 def test_import_with_bad_env_does_not_crash() -> None:
     """A bad PROFKIT_* variable never breaks `import profkit` in a fresh interpreter."""
-    import subprocess
-    import sys
-
     env = {"PROFKIT_SAMPLE_EVERY": "abc", "PROFKIT_TOP_K": "-4", "PATH": ""}
-    out = subprocess.run(
-        [sys.executable, "-c", "import profkit; print(profkit.stats()['root_calls'])"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert (0, "0") == (out.returncode, out.stdout.strip())
+    rc, report, err = run_fresh("import_with_env", env=env, timeout=120)
+    assert (0, {"root_calls": 0}) == (rc, report), err
 
 
 # -- no setting can break the process later (issue #26) --------------------------------------

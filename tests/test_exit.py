@@ -15,18 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_idle_window_of_a_replaced_session_is_closed_and_exported() -> None:
     """configure() again with a window half full on this thread: it is exported, exit is clean."""
-    rc, report, err = run_fresh(
-        """
-        cap = CaptureExporter()
-        profkit.configure(sample_every=1, window=3, exporters=(), extra_exporters=(cap,))
-        old = profkit._global.get_session()
-        results = [f(), f()]
-        profkit.configure(sample_every=1000, exporters=())
-        flushed = old.shutdown(10.0)
-        report(results=results, flushed=flushed, calls=len(cap.calls),
-               stats=old.stats.snapshot(), flag=torch.autograd.profiler._is_profiler_enabled)
-        """
-    )
+    rc, report, err = run_fresh("exit_replaced_session_window")
     assert 0 == rc, err[-2000:]
     assert [6.0, 6.0] == report["results"]
     assert report["flushed"]
@@ -38,21 +27,7 @@ def test_idle_window_of_a_replaced_session_is_closed_and_exported() -> None:
 
 def test_all_threads_window_closes_when_its_thread_ends() -> None:
     """An all-threads window still open when its thread ends is closed there and exported."""
-    rc, report, err = run_fresh(
-        """
-        cap = CaptureExporter()
-        profkit.configure(
-            sample_every=1, window=3, all_threads=True, exporters=(), extra_exporters=(cap,)
-        )
-        session = profkit._global.get_session()
-        worker = threading.Thread(target=lambda: (f(), f()))
-        worker.start()
-        worker.join()
-        flushed = profkit.force_flush(10.0)
-        report(flushed=flushed, calls=len(cap.calls), stats=session.stats.snapshot(),
-               flag=torch.autograd.profiler._is_profiler_enabled)
-        """
-    )
+    rc, report, err = run_fresh("exit_all_threads_window_thread_ends")
     assert 0 == rc, err[-2000:]
     assert report["flushed"]
     assert 2 == report["calls"]
@@ -62,18 +37,7 @@ def test_all_threads_window_closes_when_its_thread_ends() -> None:
 
 def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
     """Where the thread-end hook did not run, the stranded all-threads profiler is stopped."""
-    rc, report, err = run_fresh(
-        """
-        profkit._keeper._ThreadEndGuard.__del__ = lambda self: None  # a thread end unseen
-        profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
-        session = profkit._global.get_session()
-        worker = threading.Thread(target=lambda: (f(), f()))
-        worker.start()
-        worker.join()
-        session.close_idle_window()
-        report(stats=session.stats.snapshot(), flag=torch.autograd.profiler._is_profiler_enabled)
-        """
-    )
+    rc, report, err = run_fresh("exit_all_threads_window_stranded")
     assert 0 == rc, err[-2000:]
     assert {"owner_exited": 2} == report["stats"]["dropped_reasons"]
     assert report["flag"] is False
@@ -81,20 +45,7 @@ def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
 
 def test_all_threads_window_idle_on_a_live_thread_at_exit() -> None:
     """A daemon thread holds an idle all-threads window when the interpreter exits."""
-    rc, report, err = run_fresh(
-        """
-        profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
-        session = profkit._global.get_session()
-        started = threading.Event()
-        def serve():
-            f(); f()
-            started.set()
-            time.sleep(600)
-        threading.Thread(target=serve, daemon=True).start()
-        assert started.wait(60)
-        report(stats=session.stats.snapshot(), flag=torch.autograd.profiler._is_profiler_enabled)
-        """
-    )
+    rc, report, err = run_fresh("exit_all_threads_window_idle_daemon")
     assert 0 == rc, err[-2000:]
     assert 1 == report["stats"]["windows"]
     assert report["flag"] is True  # the window really was open when exit began
@@ -102,41 +53,14 @@ def test_all_threads_window_idle_on_a_live_thread_at_exit() -> None:
 
 def test_window_in_flight_on_a_daemon_thread_at_exit() -> None:
     """Exit while a sampled call runs on a daemon thread (thread-local profiler): status 0."""
-    rc, report, err = run_fresh(
-        """
-        profkit.configure(sample_every=1, exporters=())
-        inside = threading.Event()
-        @profkit.profiled("slow")
-        def slow():
-            inside.set()
-            time.sleep(600)
-        threading.Thread(target=slow, daemon=True).start()
-        assert inside.wait(60)
-        report(flag=torch.autograd.profiler._is_profiler_enabled)
-        """
-    )
+    rc, report, err = run_fresh("exit_window_in_flight_daemon")
     assert 0 == rc, err[-2000:]
     assert report["flag"] is True
 
 
 def test_thread_per_request_with_open_windows_exports_and_exits_cleanly() -> None:
     """Threads that end with a window still open (``window`` > 1): it closes on that thread."""
-    rc, report, err = run_fresh(
-        """
-        cap = CaptureExporter()
-        profkit.configure(
-            sample_every=1, window=3, exporters=(), extra_exporters=(cap,)
-        )
-        session = profkit._global.get_session()
-        for _ in range(6):  # one thread per "request", two calls each: each window ends open
-            worker = threading.Thread(target=lambda: (f(), f()))
-            worker.start()
-            worker.join()
-        flushed = profkit.force_flush(10.0)
-        report(flushed=flushed, calls=len(cap.calls), stats=session.stats.snapshot(),
-               threads=sorted(t.name for t in threading.enumerate()))
-        """
-    )
+    rc, report, err = run_fresh("exit_thread_per_request_windows")
     assert 0 == rc, err[-2000:]
     assert report["flushed"]
     assert 12 == report["calls"]

@@ -7,7 +7,6 @@ import os
 import select
 import signal
 import sys
-import textwrap
 import time
 import traceback
 import warnings
@@ -172,62 +171,19 @@ def test_child_is_not_blocked_by_a_window_lock_held_in_the_parent() -> None:
     assert 0 == report["skipped_busy"]
 
 
-# In a fresh interpreter: the child must end through a normal interpreter exit (sys.exit),
-# which is where torch's kineto teardown is at stake; the parent reaps it within a deadline.
-_REAP = """
-def reap(pid, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.1)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
-"""
-
-
 @pytest.mark.timeout(180)
 def test_configure_after_fork_child_samples_and_exits_normally() -> None:
     """The pre-fork pattern (configure in the child, as a gunicorn post_fork hook does)."""
-    rc, report, err = run_fresh(
-        _REAP
-        + textwrap.dedent(
-            """
-        pid = os.fork()
-        if pid == 0:
-            cap = CaptureExporter()
-            profkit.configure(sample_every=1, exporters=(), extra_exporters=(cap,))
-            results = [f() for _ in range(3)]
-            profkit.shutdown(10.0)
-            ok = results == [6.0] * 3 and len(cap.calls) == 3
-            sys.exit(0 if ok else 3)
-        report(child=reap(pid, 60))
-        """
-        )
-    )
+    rc, report, err = run_fresh("fork_configure_in_child")
     assert 0 == rc, err[-2000:]
     assert 0 == report["child"], err[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_child_forked_after_profiling_warns_at_its_normal_exit() -> None:
     """profkit says why a child forked after a profiler ran may hang at exit (torch upstream)."""
-    rc, report, err = run_fresh(
-        _REAP
-        + textwrap.dedent(
-            """
-        profkit.configure(sample_every=1, exporters=())  # warms the profiler up: kineto starts
-        f()
-        pid = os.fork()
-        if pid == 0:
-            f()
-            sys.exit(0)
-        report(child=reap(pid, 10))
-        """
-        )
-    )
+    rc, report, err = run_fresh("fork_child_warns_at_exit")
     assert 0 == rc, err[-2000:]
     assert report["child"] in (0, None)  # None: it hung in kineto's teardown and was killed
     assert 1 == err.count("this process was forked after a torch profiler ran in its parent")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -24,31 +23,10 @@ from profkit._sampling import Triggered
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
 
-#: the body's helpers: a capture exporter, the policies it got, and a wait for a signal
-#: sent by another process (delivered asynchronously)
-HELPERS = """
-import signal, subprocess
-cap = CaptureExporter()
-SETTINGS = dict(sample_every=10**9, exporters=(), extra_exporters=(cap,), max_per_minute=None)
 
-def policies():
-    assert profkit.force_flush(30.0)
-    return [c.policy for c in cap.calls]
-
-def handler_name(signum=signal.SIGUSR1):
-    h = signal.getsignal(signum)
-    return h.name if isinstance(h, signal.Handlers) else getattr(h, "__name__", repr(h))
-
-def wait_for_trigger():
-    from profkit._global import get_session
-    deadline = time.monotonic() + 10.0
-    while not get_session().triggered.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-"""
-
-
-def _fresh(body: str) -> dict[str, object]:
-    code, report, stderr = run_fresh(HELPERS + textwrap.dedent(body))
+def _fresh(script: str) -> dict[str, object]:
+    """Run ``tests/scripts/<script>.py`` (helpers: ``_trigger_helpers.py`` there); its report."""
+    code, report, stderr = run_fresh(script)
     assert (0, True) == (code, bool(report)), stderr[-3000:]
     return report
 
@@ -64,25 +42,7 @@ def usr1_default() -> Iterator[None]:
 
 def test_signal_profiles_the_next_root_call_only() -> None:
     """A signal from the process itself or from `kill -USR1 <pid>` profiles one call each."""
-    report = _fresh(
-        """
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        installed = handler_name()
-        f()                                   # call 0: the sampler's own pick
-        f()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        f()                                   # triggered
-        f()                                   # not
-        subprocess.run(["kill", "-USR1", str(os.getpid())], check=True)
-        wait_for_trigger()
-        f()                                   # triggered
-        f()                                   # not
-        got = policies()
-        roots = profkit.stats()["root_calls"]
-        profkit.shutdown()
-        report(policies=got, roots=roots, installed=installed, after=handler_name())
-        """
-    )
+    report = _fresh("signal_next_root_call")
     assert ["every:1000000000", "trigger", "trigger"] == report["policies"]
     assert 6 == report["roots"]
     assert "SIG_DFL" != report["installed"]
@@ -92,36 +52,7 @@ def test_signal_profiles_the_next_root_call_only() -> None:
 def test_a_previous_handler_is_chained_then_restored() -> None:
     """The application's own handler still runs (once, also after a re-configure), and its
     exception is the application's; shutdown puts it back."""
-    report = _fresh(
-        """
-        seen = []
-        def mine(signum, frame):
-            seen.append(signum)
-            if len(seen) == 3:
-                raise RuntimeError("the application's own")
-        signal.signal(signal.SIGUSR1, mine)
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        f()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        f()                                   # triggered; mine ran once
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)  # same signal again
-        f()                                   # the new session's call 0
-        os.kill(os.getpid(), signal.SIGUSR1)
-        f()                                   # triggered; mine ran once more, not twice
-        f()
-        raised = None
-        try:
-            os.kill(os.getpid(), signal.SIGUSR1)
-            time.sleep(0.01)
-        except RuntimeError as exc:
-            raised = str(exc)
-        f()                                   # triggered before mine raised
-        got = policies()
-        profkit.shutdown()
-        report(policies=got, seen=len(seen), raised=raised, after=handler_name(),
-               errors=profkit.stats()["errors"])
-        """
-    )
+    report = _fresh("signal_previous_handler_chained")
     expected = ["every:1000000000", "trigger"] * 2 + ["trigger"]  # two sessions: any order
     assert sorted(expected) == sorted(report["policies"])
     assert 3 == report["seen"]
@@ -132,22 +63,7 @@ def test_a_previous_handler_is_chained_then_restored() -> None:
 
 def test_reconfigure_switches_and_restores_signals() -> None:
     """trigger_signal=None restores the previous handler; another signal moves the handler."""
-    report = _fresh(
-        """
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        one = handler_name()
-        profkit.configure(trigger_signal="SIGUSR2", **SETTINGS)
-        two = (handler_name(), handler_name(signal.SIGUSR2))
-        profkit.configure(trigger_signal=None, **SETTINGS)
-        off = (handler_name(), handler_name(signal.SIGUSR2))
-        profkit.configure(trigger_signal="SIGUSR2", **SETTINGS)
-        def theirs(signum, frame):
-            pass
-        signal.signal(signal.SIGUSR2, theirs)  # the application replaced profkit's handler
-        profkit.shutdown()
-        report(one=one, two=two, off=off, kept=handler_name(signal.SIGUSR2))
-        """
-    )
+    report = _fresh("signal_reconfigure_switches")
     default = "SIG_DFL"
     assert default != report["one"]
     assert [default, report["one"]] == report["two"]
@@ -157,22 +73,7 @@ def test_reconfigure_switches_and_restores_signals() -> None:
 
 def test_configure_off_the_main_thread_counts_an_error_and_does_not_raise() -> None:
     """signal.signal() works only on the main thread: configure() there is not broken by it."""
-    report = _fresh(
-        """
-        import threading
-        out = {}
-        def configure():
-            out["config"] = profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        t = threading.Thread(target=configure)
-        t.start(); t.join()
-        stats = profkit.stats()
-        f()
-        f()
-        got = policies()
-        report(configured="config" in out, installed=handler_name(),
-               reasons=stats["error_reasons"], policies=got)
-        """
-    )
+    report = _fresh("signal_configure_off_main_thread")
     assert report["configured"] is True
     assert "SIG_DFL" == report["installed"]
     assert {"trigger_signal": 1} == report["reasons"]
@@ -181,23 +82,7 @@ def test_configure_off_the_main_thread_counts_an_error_and_does_not_raise() -> N
 
 def test_shutdown_off_the_main_thread_leaves_an_inert_handler() -> None:
     """A handler that cannot be removed does nothing; the next configure() takes it back."""
-    report = _fresh(
-        """
-        import threading
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        t = threading.Thread(target=profkit.shutdown)
-        t.start(); t.join()
-        stuck = handler_name()
-        os.kill(os.getpid(), signal.SIGUSR1)  # no session: nothing happens, nothing raises
-        profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
-        f()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        f()
-        got = policies()
-        profkit.shutdown()
-        report(stuck=stuck, policies=got, after=handler_name())
-        """
-    )
+    report = _fresh("signal_shutdown_off_main_thread")
     assert "SIG_DFL" != report["stuck"]
     assert ["every:1000000000", "trigger"] == report["policies"]
     assert "SIG_DFL" == report["after"]

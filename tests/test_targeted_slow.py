@@ -60,7 +60,13 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_slow_calls_are_captured_and_fast_ones_released() -> None:
+def test_slow_calls_are_captured_and_fast_ones_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """About 1 call in 20 is ten times slower: those are kept as slow, the others released."""
+    # speculative windows keep their 16 calls: a window whose stop costs over 2 ms of CPU
+    # halves the next one, and on a busy machine stops cost more CPU, windows shrink to 2
+    # calls (only the second judged) and recall falls to ~0.3 (seen 6/25); that adaptation
+    # is not what this test measures
+    monkeypatch.setattr("profkit._slow._STOP_HIGH_S", 1.0)
     predict, slow_flags = _handler()
     with capture(sample_every=10**9, capture_slow=True, exporters=()) as cap:
         outputs = [predict() for _ in range(CALLS)]
@@ -173,7 +179,13 @@ def test_region_and_coroutine_roots_are_timed_and_judged() -> None:
     assert stats["speculative"] > 0
     slow = [c for c in cap.calls if c.policy == "slow"]
     assert slow, stats
-    assert all(c.label == "handle" and c.duration_us > 10_000 for c in slow)
+    # the 25 ms coroutine calls are kept, and every call kept beat its label's threshold (on
+    # a busy machine a descheduled 1 ms call, or a region root, can be slow too: wall time is
+    # what capture_slow judges)
+    assert any(c.label == "handle" and c.duration_us > 10_000 for c in slow), slow
+    assert all(
+        c.slow_threshold_ms is not None and c.duration_us / 1e3 > c.slow_threshold_ms for c in slow
+    ), slow
 
 
 @profkit.profiled("quick")

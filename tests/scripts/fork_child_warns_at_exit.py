@@ -1,0 +1,20 @@
+"""A child forked after a profiler ran in its parent: profkit warns at the child's exit.
+
+The child may hang in kineto's teardown (torch upstream): the parent kills it after 10 s
+and reports None.
+"""
+
+import os
+import sys
+
+from _fresh import f, reap, report
+
+import profkit
+
+profkit.configure(sample_every=1, exporters=())  # warms the profiler up: kineto starts
+f()
+pid = os.fork()
+if pid == 0:
+    f()
+    sys.exit(0)
+report(child=reap(pid, 10.0))
