@@ -5,10 +5,9 @@ a session that runs one root call in N under ``torch.profiler`` and exports a su
 as OpenTelemetry spans and structlog events.
 """
 
-from ._api import profiled, region
 from ._config import Config, ProfkitConfigWarning
-from ._errors import StatsSnapshot
 from ._global import configure, force_flush, get_config, shutdown, stats, trigger
+from ._label.decorate import profiled, region
 from ._model import (
     CallSummary,
     CodeInfo,
@@ -18,6 +17,7 @@ from ._model import (
     ScopeSummary,
     WindowSummary,
 )
+from ._stats import StatsSnapshot
 from ._version import __version__
 from .exporters import Exporter
 

@@ -8,12 +8,16 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _errors, _foreign, _hooks, _keeper, _signals
+from . import _errors
+from ._capture import foreign as _foreign
+from ._capture import hooks as _hooks
+from ._capture import keeper as _keeper
+from ._capture.window import started_before_fork
 from ._config import Config, build_config
-from ._errors import Stats, StatsSnapshot
-from ._scope import GLOBAL
+from ._label.scope import GLOBAL
 from ._session import Session
-from ._window import started_before_fork
+from ._stats import Stats, StatsSnapshot
+from ._targeting import signals as _signals
 from .exporters._counters import DEFAULT
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The summary model: what one sampled root call produced, as plain frozen data.
 
-Built by :mod:`profkit._summary` on the export worker, read by the exporters and the
+Built by :mod:`profkit._summary.builder` on the export worker, read by the exporters and the
 diagnosis. Nothing here imports torch, so exporters and the diagnosis are testable on
 synthetic summaries.
 """

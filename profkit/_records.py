@@ -1,8 +1,8 @@
-"""Plain records with no torch: what the request path fills and the worker reads.
+"""Plain records with no torch that the request path fills and the worker reads.
 
 ``ScopeRecord`` and ``CallRecord`` are written on the request path by the scope and the
-session; ``RawEvent`` is one profiler event as profkit's own reader gives it to the summary.
-Nothing here imports torch, so the summary builder is testable on synthetic records.
+window owner; ``Policy`` says why a call is profiled; ``StoppedWindow`` is what the export
+stage reads of a window. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -10,24 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Protocol
 
 from ._model import CodeInfo
 
-if TYPE_CHECKING:
-    from ._window import Window
-
-__all__ = [
-    "COMPILED",
-    "CallRecord",
-    "CompiledLabels",
-    "Policy",
-    "RawEvent",
-    "ScopeRecord",
-    "Unreadable",
-    "WindowEvents",
-]
+__all__ = ["CallRecord", "Policy", "ScopeRecord", "StoppedWindow"]
 
 
 class Policy(enum.Enum):
@@ -89,11 +76,29 @@ class ScopeRecord:
         return failure
 
 
+class StoppedWindow(Protocol):
+    """What the export stage reads of a stopped window (the capture's ``Window``)."""
+
+    id: int
+    calls: list[CallRecord]
+
+    @property
+    def recorded(self) -> int: ...
+
+    def read(self) -> Any: ...
+
+    def write_chrome_trace(self, path: str) -> None: ...
+
+    def release(self) -> None: ...
+
+
 @dataclasses.dataclass(slots=True)
 class CallRecord:
     """One root call run under a window; filled on the request path, read by the worker."""
 
-    window: Window
+    window: Any
+    """The window it runs in (``profkit._capture.window.Window``; typed loosely: the
+    records sit below the capture)."""
     index: int
     policy: Policy
     warmup: bool
@@ -129,118 +134,3 @@ class CallRecord:
             if record.end_ns == 0 or record.rf is not None:
                 failure = record.close() or failure
         return failure
-
-
-class CompiledLabels:
-    """Which profkit labels ``torch.compile`` traced into which compiled frame, process-wide.
-
-    Filled at trace time (:func:`profkit._compiler.compiled_away`), keyed by compile id
-    (``"0/0"``: frame 0, first compile), read by the summary for the compiled regions a
-    sampled call ran. Bounded: past ``limit`` compile ids, new ones are not noted.
-    """
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._limit = limit
-        self._labels: dict[str, tuple[int, tuple[str, ...]]] = {}
-
-    def note(self, compile_id: str, label: str, compile: int) -> None:
-        """Note ``label`` under ``compile_id``; a new ``compile`` (token) of an id replaces it."""
-        token, known = self._labels.get(compile_id, (compile, ()))
-        if token != compile:
-            known = ()  # the id was reused (after torch._dynamo.reset()): forget the old compile
-        if label not in known and (compile_id in self._labels or len(self._labels) < self._limit):
-            self._labels[compile_id] = (compile, (*known, label))  # one store: no lock needed
-
-    def labels(self, compile_id: str) -> tuple[str, ...]:
-        """The labels traced into ``compile_id``, in trace order (empty if none or unknown)."""
-        return self._labels.get(compile_id, (0, ()))[1]
-
-
-#: the process-wide registry of labels compiled away
-COMPILED = CompiledLabels()
-
-
-class RawEvent:
-    """One CPU profiler event as profkit's reader gives it; the summary reads it as it is.
-
-    It carries the fields of :class:`profkit._summary.EventView` (times in epoch ns on the
-    ``time.time_ns()`` clock, as kineto reports them) and the ``FunctionEvent`` fields the
-    op rows add up (µs), so the summary needs no wrapper object per event. ``self`` time is
-    set by the reader once the events are nested.
-    """
-
-    __slots__ = (
-        "cpu_time_total",
-        "end_ns",
-        "flops",
-        "input_shapes",
-        "is_async",
-        "name",
-        "self_cpu_time_total",
-        "start_ns",
-        "thread",
-        "user",
-    )
-
-    # what a CPU event without memory profiling has (EventView and FunctionEvent names)
-    device = False
-    device_type = "DeviceType.CPU"
-    id = -1
-    linked = 0
-    linked_correlation_id = 0
-    self_device_time_total = 0.0
-    device_time_total = 0.0
-    self_cpu_memory_usage = 0
-    self_device_memory_usage = 0
-
-    def __init__(
-        self,
-        name: str,
-        thread: int,
-        start_ns: int,
-        end_ns: int,
-        is_async: bool,
-        user: bool,
-        flops: int = 0,
-        input_shapes: Any = None,
-    ) -> None:
-        self.name = name
-        self.thread = thread
-        self.start_ns = start_ns
-        self.end_ns = end_ns
-        self.is_async = is_async
-        self.user = user
-        self.flops = flops
-        self.input_shapes = input_shapes
-        self.cpu_time_total: float = (end_ns - start_ns) / 1000
-        self.self_cpu_time_total: float = 0.0 if is_async else self.cpu_time_total
-
-    @property
-    def ev(self) -> RawEvent:
-        """The event an ``EventView`` wraps: this one is its own view."""
-        return self
-
-    @property
-    def is_user_annotation(self) -> bool:
-        return self.user
-
-
-class Unreadable(Exception):
-    """A stopped window whose events cannot be summarised; ``reason`` is the drop reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class WindowEvents(NamedTuple):
-    """A stopped window's events, ready for the summary builder."""
-
-    raw_count: int
-    """Raw profiler events in the window (before filtering)."""
-    trace_start_ns: int
-    """The trace start on the ``time.time_ns()`` clock: event times are µs after it."""
-    events: Sequence[Any]
-    """``RawEvent``s from profkit's reader, or torch's ``FunctionEvent``s."""
-    cut: bool = False
-    """More than ``max_events`` were recorded: only the earliest ``max_events`` are here."""

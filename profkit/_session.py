@@ -1,28 +1,29 @@
 """The session: the composition root of one ``configure()`` (or ``testing.capture()``).
 
-It builds the decision (:mod:`profkit._decide`), the window owner (:mod:`profkit._keeper`)
-and the export pipeline (:mod:`profkit._pipeline`) from one ``Config``, starts them (and the
-process hooks, :mod:`profkit._hooks`) off the request path, ends root calls, and flushes and
-shuts down. ``begin_root`` is the decision itself; ``end_root`` hands a call back to the
-owner of its window.
+It builds the decision (:mod:`profkit._capture.decide`), the window owner
+(:mod:`profkit._capture.keeper`) and the export pipeline (:mod:`profkit._export.pipeline`)
+from one ``Config``, starts them (and the process hooks, :mod:`profkit._capture.hooks`) off
+the request path, ends root calls, and flushes and shuts down. ``begin_root``
+is the decision itself; ``end_root`` hands a call back to the owner of its window.
 """
 
 from __future__ import annotations
 
+from ._capture.decide import Decider, Decision
+from ._capture.foreign import wait_for_other_thread
+from ._capture.keeper import WindowKeeper, close_idle, install_hooks
+from ._capture.window import make_profiler, prime
 from ._config import Config
 from ._deadline import Deadline
-from ._decide import Decider, Decision
-from ._errors import Stats, guard
-from ._fanout import Fanout, build_exporters
-from ._foreign import wait_for_other_thread
-from ._keeper import WindowKeeper, close_idle, install_hooks
-from ._pipeline import ExportPipeline
-from ._processing import Processor
+from ._errors import guard
+from ._export.fanout import Fanout, build_exporters
+from ._export.pipeline import ExportPipeline
+from ._export.processing import Processor
 from ._records import CallRecord
 from ._sampling import Triggered
-from ._slow import LatencyBook, Speculation, Timed
-from ._verdict import judge
-from ._window import make_profiler, prime
+from ._stats import Stats
+from ._targeting.slow import LatencyBook, Speculation, Timed
+from ._targeting.verdict import judge
 
 __all__ = ["Decision", "Session"]
 

@@ -24,10 +24,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from . import _errors
 from ._config import build_config
-from ._errors import Stats, StatsSnapshot
 from ._global import forget, get_session, install, shutdown
 from ._model import CallSummary, WindowSummary
 from ._session import Session
+from ._stats import Stats, StatsSnapshot
 from .exporters import Exporter
 
 __all__ = ["Capture", "CaptureExporter", "capture", "raise_internal_errors", "reset"]

@@ -27,7 +27,13 @@ import profkit.testing
 PACKAGE_DIR = Path(profkit.__file__).resolve().parent
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 200
-PURE_MODULES = ("profkit._model", "profkit._summary", "profkit._diagnosis", "profkit._records")
+PURE_MODULES = (
+    "profkit._model",
+    "profkit._summary.builder",
+    "profkit._summary.diagnosis",
+    "profkit._summary.events",
+    "profkit._records",
+)
 
 
 @profkit.profiled("work")
@@ -217,21 +223,22 @@ def _life_calls(path: Path) -> list[str]:
 
 
 def test_one_module_owns_a_windows_life() -> None:
-    """Only profkit/_keeper.py opens, stops, cuts short or discards a window."""
-    root = Path(profkit.__file__).parent
+    """Only profkit/_capture/keeper.py opens, stops, cuts short or discards a window."""
+    capture = PACKAGE_DIR / "_capture"
+    owner, window = capture / "keeper.py", capture / "window.py"  # (the window's own methods)
     elsewhere = [
         call
-        for path in sorted(root.rglob("*.py"))
-        if path.name not in ("_keeper.py", "_window.py")  # (the window's own methods)
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if path not in (owner, window)
         for call in _life_calls(path)
     ]
     assert [] == elsewhere
-    assert _life_calls(root / "_keeper.py")  # the check sees the owner's own calls
+    assert _life_calls(owner)  # the check sees the owner's own calls
 
 
 def test_begin_root_returns_one_decision_type() -> None:
     """The decision is one typed value: OFF, TIMED with a start, or PROFILED with a call."""
-    from profkit._decide import OFF, Kind
+    from profkit._capture.decide import OFF, Kind
 
     with profkit.testing.capture(sample_every=2, exporters=()):
         session = profkit._global.get_session()
@@ -242,3 +249,47 @@ def test_begin_root_returns_one_decision_type() -> None:
         session.end_root(first[1], None)
     assert OFF is second
     assert typing.get_type_hints(type(session.begin_root.__self__).decide)["return"]
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """The profkit modules ``path`` (module ``module``) imports, annotations-only ones too."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = parts[: len(parts) - (node.level - 1)]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            found.add(source)
+            found.update(f"{source}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("profkit")}
+
+
+def test_no_import_cycle_in_profkit_not_even_type_only() -> None:
+    """No profkit module reaches itself through its imports (TYPE_CHECKING ones included)."""
+    modules = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        modules[".".join(parts)] = path
+    graph = {m: (_imports(p, m) & set(modules)) - {m} for m, p in modules.items()}
+    for m in graph:  # importing a submodule runs its package's __init__: not an edge back
+        graph[m] = {n for n in graph[m] if not m.startswith(n + ".")}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join((*trail, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, (*trail, nxt)))
+    assert [] == cycles
+    assert len(graph) > 40  # the check sees the package

@@ -6,8 +6,8 @@ import types
 
 from test_summary_device import event, summarise
 
-from profkit._compile_events import fold_compiles
-from profkit._records import CompiledLabels
+from profkit._summary.compile_events import fold_compiles
+from profkit._summary.compiled import CompiledLabels
 
 
 def _compiling_call() -> list[object]:

@@ -26,8 +26,8 @@ from profkit._config import ENV_VARS, Config, build_config, setting
 from profkit._deadline import Deadline
 from profkit._sampling import EveryN, RateLimiter, TraceIdRatio
 from profkit._settings import signal_number
-from profkit._slow import LatencyBook
-from profkit._thresholds import Thresholds
+from profkit._summary.thresholds import Thresholds
+from profkit._targeting.slow import LatencyBook
 
 NAMES = [f.name for f in dataclasses.fields(Config)]
 NUMERIC = [

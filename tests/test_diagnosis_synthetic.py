@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from profkit._config import Config
-from profkit._diagnosis import Thresholds, amdahl_speedup, diagnose
 from profkit._model import CallSummary, OpRow, ScopeSummary
+from profkit._summary.diagnosis import Thresholds, amdahl_speedup, diagnose
 
 VERDICTS = {"input-bound", "launch-bound", "compute-bound", "balanced", "no-ops"}
 

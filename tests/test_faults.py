@@ -18,8 +18,9 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 import profkit
-from profkit import _raw, _window
+from profkit._capture import window as _window
 from profkit._global import get_session
+from profkit._summary import raw as _raw
 from profkit.testing import CaptureExporter, capture
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import profkit
-from profkit import _processing, _window
-from profkit._window import Window
+from profkit._capture import window as _window
+from profkit._capture.window import Window
+from profkit._export import processing as _processing
 from profkit.testing import capture
 
 #: relative tolerance for self CPU times (float summation order differs)
@@ -160,7 +161,7 @@ def test_raw_reader_folds_same_name_chains_like_torch() -> None:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    from profkit._raw import read_cpu_events
+    from profkit._summary.raw import read_cpu_events
 
     x = torch.ones(4, 4)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -191,8 +192,7 @@ def test_raw_reader_folds_same_name_chains_like_torch() -> None:
 
 def test_raw_events_offer_every_field_of_the_summary_view() -> None:
     """The summary reads profkit's raw events as their own views: they have each view field."""
-    from profkit._records import RawEvent
-    from profkit._summary import EventView
+    from profkit._summary.events import EventView, RawEvent
 
     event = RawEvent("aten::mm", 1, 1_000, 3_000, False, False)
     missing = [field for field in EventView.__slots__ if not hasattr(event, field)]
@@ -230,7 +230,7 @@ class _Kineto:
 
 def test_raw_reader_orders_equal_starts_outer_first() -> None:
     """Events that start on the same ns are nested outer first, whatever kineto's order."""
-    from profkit._raw import read_cpu_events
+    from profkit._summary.raw import read_cpu_events
 
     raw = [
         _Kineto("aten::inner", 100, 200),

@@ -22,8 +22,8 @@ from opentelemetry.util._once import Once
 from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan
 
 import profkit
-from profkit._errors import Stats
 from profkit._global import get_session
+from profkit._stats import Stats
 from profkit.exporters.otlp import CountingSpanExporter, otlp_span_processor
 
 torch.manual_seed(0)

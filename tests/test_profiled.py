@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import profkit
-from profkit._scope import FRAME
+from profkit._label.scope import FRAME
 from profkit.testing import capture
 
 

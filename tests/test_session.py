@@ -94,7 +94,7 @@ def test_user_profiler_active_profkit_stays_out(mlp, batch) -> None:
 def test_off_sample_call_enters_no_record_function(monkeypatch, mlp, batch) -> None:
     """An off-sample decorated call and its regions never touch record_function."""
     calls: list[str] = []
-    import profkit._scope as scope
+    import profkit._label.scope as scope
 
     class Spy:
         def __init__(self, name: str) -> None:
@@ -118,7 +118,7 @@ def test_off_sample_call_enters_no_record_function(monkeypatch, mlp, batch) -> N
 def test_sampled_call_enters_record_function_for_each_scope(monkeypatch, mlp, batch) -> None:
     """Sanity for the test above: a sampled call does enter record_function per scope."""
     calls: list[str] = []
-    import profkit._scope as scope
+    import profkit._label.scope as scope
 
     real = scope.record_function
 

@@ -14,8 +14,9 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 
 import profkit
-from profkit import _pipeline, _window
-from profkit._records import RawEvent
+from profkit._capture import window as _window
+from profkit._export import pipeline as _pipeline
+from profkit._summary.events import RawEvent
 from profkit.testing import capture
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,10 +15,10 @@ from typing import Any
 from torch.autograd import DeviceType
 
 from profkit._config import Config
-from profkit._diagnosis import Thresholds, diagnose
 from profkit._model import CallSummary
 from profkit._records import CallRecord, Policy, ScopeRecord
-from profkit._summary import build_calls
+from profkit._summary.builder import build_calls
+from profkit._summary.diagnosis import Thresholds, diagnose
 
 TRACE_START_NS = 1_700_000_000_000_000_000
 THREAD = 1

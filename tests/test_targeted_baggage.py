@@ -32,9 +32,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import profkit
-import profkit._scope
+import profkit._label.scope
+from profkit._capture.slot import SLOT
 from profkit._global import get_session
-from profkit._slot import SLOT
 from profkit.integrations.fastapi import instrument_app
 from profkit.testing import Capture, capture
 
@@ -160,7 +160,7 @@ def _as_another_task(fn: Callable[[], T]) -> T:
     context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
 
     def run() -> T:
-        profkit._scope.FRAME.set(None)
+        profkit._label.scope.FRAME.set(None)
         return fn()
 
     return contextvars.copy_context().run(run)

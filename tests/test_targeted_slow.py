@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import profkit
-from profkit._slot import SLOT
+from profkit._capture.slot import SLOT
 from profkit.testing import capture
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ def test_slow_calls_are_captured_and_fast_ones_released(monkeypatch: pytest.Monk
     # halves the next one, and on a busy machine stops cost more CPU, windows shrink to 2
     # calls (only the second judged) and recall falls to ~0.3 (seen 6/25); that adaptation
     # is not what this test measures
-    monkeypatch.setattr("profkit._slow._STOP_HIGH_S", 1.0)
+    monkeypatch.setattr("profkit._targeting.slow._STOP_HIGH_S", 1.0)
     predict, slow_flags = _handler()
     with capture(sample_every=10**9, capture_slow=True, exporters=()) as cap:
         outputs = [predict() for _ in range(CALLS)]
@@ -203,7 +203,7 @@ def _as_another_task(fn: Callable[[], T]) -> T:
     context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
 
     def run() -> T:
-        profkit._scope.FRAME.set(None)
+        profkit._label.scope.FRAME.set(None)
         return fn()
 
     return contextvars.copy_context().run(run)
@@ -357,7 +357,7 @@ def test_a_speculative_window_is_never_left_idle_on_another_thread() -> None:
 def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -> None:
     """In a thread pool a speculative window does not wait for 16 calls of its thread: once
     other threads made root calls, it closes when its own call ends (it holds the one slot)."""
-    from profkit._slot import SLOT
+    from profkit._capture.slot import SLOT
 
     inside, release, done, leave = (threading.Event() for _ in range(4))
 
@@ -413,7 +413,7 @@ def test_a_failure_closing_an_orphaned_window_is_counted_not_raised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """That close runs inside the user's call: if it fails, the call still returns."""
-    from profkit._keeper import WindowKeeper
+    from profkit._capture.keeper import WindowKeeper
 
     profkit.configure(sample_every=1, window=3, exporters=())
 

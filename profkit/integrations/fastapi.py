@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import _global
-from .._api import profiled
+from .._label.decorate import profiled
 
 __all__ = ["MAX_TRIGGER_N", "TOKEN_ENV", "add_trigger_route", "instrument_app"]
 

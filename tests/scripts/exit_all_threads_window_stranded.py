@@ -7,7 +7,7 @@ from _fresh import f, report
 
 import profkit
 
-profkit._keeper._ThreadEndGuard.__del__ = lambda self: None  # type: ignore[method-assign]
+profkit._capture.keeper._ThreadEndGuard.__del__ = lambda self: None  # type: ignore[method-assign]
 profkit.configure(sample_every=1, window=3, all_threads=True, exporters=())
 session = profkit._global.get_session()
 assert session is not None

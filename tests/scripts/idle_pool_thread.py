@@ -16,7 +16,7 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 import profkit
-from profkit import _slot
+from profkit._capture import slot as _slot
 
 profkit.configure(capture_slow=True, slow_ms=1000.0, exporters=(), max_per_minute=None)
 x = torch.randn(64, 64)

@@ -71,7 +71,7 @@ state = dict(
     caught=caught,
     sampled=after["sampled"] - before["sampled"],
     exported=after["exported"] - before["exported"],
-    frame=repr(profkit._scope.FRAME.get()),
+    frame=repr(profkit._label.scope.FRAME.get()),
     enabled=bool(torch._C._autograd._profiler_enabled()),
     flag=torch.autograd.profiler._is_profiler_enabled,
 )

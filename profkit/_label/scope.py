@@ -30,16 +30,16 @@ from typing import Any
 
 from torch.autograd.profiler import record_function
 
-from . import _errors
-from ._compiler import compiled_away, compiling
-from ._decide import OFF as NOT_PROFILED
-from ._decide import PROFILED, TIMED
-from ._keeper import checkpoint, orphaned, yielded
-from ._model import CodeInfo
-from ._records import CallRecord, ScopeRecord
-from ._slot import SLOT
-from ._slow import Timed
-from ._text import escape
+from .. import _errors
+from .._capture.decide import OFF as NOT_PROFILED
+from .._capture.decide import PROFILED, TIMED
+from .._capture.keeper import checkpoint, orphaned, yielded
+from .._capture.slot import SLOT
+from .._model import CodeInfo
+from .._records import CallRecord, ScopeRecord
+from .._targeting.slow import Timed
+from .._text import escape
+from .compiler import compiled_away, compiling
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "Stepped", "enter", "exit_", "sync_call",
@@ -260,7 +260,8 @@ def sync_call(
     token from being stored. Under ``torch.compile`` tracing the call is ``fn`` itself. A
     nested scope with no stack left to record itself (``RecursionError``) runs unlabelled.
     The returned function reads no module global (every name is a ``pk_`` cell), so
-    :mod:`profkit._api` can rebuild it on ``fn``'s globals, where TorchScript looks names up.
+    :mod:`profkit._label.decorate` can rebuild it on ``fn``'s globals, where TorchScript
+    looks names up.
     """
     pk_fn, pk_label, pk_attributes, pk_code = fn, label, attributes, code
     pk_compiling, pk_compiled_away = compiling, compiled_away

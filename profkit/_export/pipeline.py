@@ -3,7 +3,7 @@
 Shaped like OpenTelemetry's ``BatchProcessor``: one object owns the queue, the thread, the
 count of calls not yet exported, and its own re-initialisation in a forked child. Unlike it,
 flush and shutdown share ONE deadline across every step (waiting for the queue, the worker,
-each exporter), and a hung exporter is still cut off (see :mod:`profkit._fanout`).
+each exporter), and a hung exporter is still cut off (see :mod:`profkit._export.fanout`).
 
 Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported`` (it
 reached a recording span or an exporter took it), or ``dropped`` with a reason
@@ -21,11 +21,12 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ._deadline import Deadline
-from ._errors import Stats, guard
-from ._fanout import Fanout
-from ._processing import Processor
-from ._window import Window
+from .._deadline import Deadline
+from .._errors import guard
+from .._records import StoppedWindow
+from .._stats import Stats
+from .fanout import Fanout
+from .processing import Processor
 
 __all__ = ["ExportPipeline"]
 
@@ -98,7 +99,7 @@ class ExportPipeline:
         since = self._busy_since
         return self._busy_total + (time.perf_counter_ns() - since if since else 0)
 
-    def offer(self, win: Window) -> None:
+    def offer(self, win: StoppedWindow) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
         with self._lock:
@@ -113,7 +114,7 @@ class ExportPipeline:
                 self._queue.put(win)
             self._ensure_worker()
 
-    def _drop(self, win: Window, reason: str, recorded: int) -> None:
+    def _drop(self, win: StoppedWindow, reason: str, recorded: int) -> None:
         win.release()
         if recorded:
             self.stats.drop(reason, recorded)
@@ -136,19 +137,18 @@ class ExportPipeline:
             item = self._queue.get()
             if item is _STOP:
                 return
-            assert isinstance(item, Window)
             # let the thread that handed the window off return from its call first: woken
             # at once, the worker takes the GIL at the call's next release (freeing a tensor
             # can release it) and the sampled request waits out a whole switch interval
             time.sleep(_HANDOFF_GRACE_S)
             self._busy_since = time.perf_counter_ns()
             try:
-                self._handle(item)
+                self._handle(item)  # type: ignore[arg-type]  # (not _STOP: a window)
             finally:
                 self._busy_total += time.perf_counter_ns() - self._busy_since
                 self._busy_since = 0
 
-    def _handle(self, win: Window) -> None:
+    def _handle(self, win: StoppedWindow) -> None:
         cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
         recorded = win.recorded
         try:
@@ -181,7 +181,7 @@ class ExportPipeline:
         with self._idle:
             self._idle.notify_all()
 
-    def _export(self, win: Window) -> tuple[int, str | None]:
+    def _export(self, win: StoppedWindow) -> tuple[int, str | None]:
         """Summarise and export one window: (calls delivered, why the others were not)."""
         summary = self.processor.summarise(win)
         if isinstance(summary, str):
@@ -228,9 +228,9 @@ class ExportPipeline:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return total
-            if isinstance(item, Window):
-                n = item.recorded
-                self._drop(item, "shutdown", n)
+            if item is not _STOP:
+                n = item.recorded  # type: ignore[attr-defined]
+                self._drop(item, "shutdown", n)  # type: ignore[arg-type]
                 total += n
                 self._settle(n)
 

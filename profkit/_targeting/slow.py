@@ -192,7 +192,7 @@ class Speculation:
 
 
 class Timed:
-    """A timed unprofiled root call entered through :func:`profkit._scope.enter`."""
+    """A timed unprofiled root call entered through :func:`profkit._label.scope.enter`."""
 
     __slots__ = ("done", "label", "t0", "timed")
 

@@ -1,6 +1,6 @@
 """Building torch profilers the way profkit starts them, and what recording costs.
 
-Kept apart from :mod:`profkit._window` (which drives a profiler through one capture): the
+Kept apart from :mod:`profkit._capture.window` (which drives a profiler through one capture): the
 settings-to-``torch.profiler.profile`` mapping, the thread-local flag by which profkit's own
 starts pass its foreign-profiler hook, and the once-per-process measurement of what the
 profiler adds per recorded op (the overhead budget charges it per event).
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ._config import Config
+from .._config import Config
 
 __all__ = [
     "cpu_only",

@@ -1,6 +1,6 @@
 """Diagnosis thresholds, and how far a call's figures are from the nearest one (confidence).
 
-Pure, like :mod:`profkit._diagnosis`: no torch. A verdict near a threshold that would flip
+Pure, like :mod:`profkit._summary.diagnosis`: no torch. A verdict near a threshold that would flip
 it reads "low" confidence; one far from every threshold reads "high".
 """
 

@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Any
 
-from . import _hooks
-from ._deadline import Deadline
-from ._slot import SLOT
-from ._window import foreign_profiler_active
+from .._deadline import Deadline
+from . import hooks as _hooks
+from .slot import SLOT
+from .window import foreign_profiler_active
 
 __all__ = ["install_hooks", "may_open", "remove_hooks", "wait_for_other_thread", "window_held"]
 

@@ -1,22 +1,24 @@
 """Processing on the export worker: one stopped window to one summary.
 
 Read the window's events (:meth:`Window.read`), build the per-call summaries
-(:mod:`profkit._summary`), write the Chrome trace file when asked, diagnose each call
-(:mod:`profkit._diagnosis`). Nothing here runs on a request's thread.
+(:mod:`profkit._summary.builder`), write the Chrome trace file when asked, diagnose each call
+(:mod:`profkit._summary.diagnosis`). Nothing here runs on a request's thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ._config import Config
-from ._diagnosis import Thresholds, diagnose
-from ._errors import Stats, guard
-from ._model import CallSummary, Diagnosis, WindowSummary
-from ._summary import build_calls
-from ._text import clean
-from ._window import Unreadable, Window, recording_cost
-from .exporters.chrome import TraceFileWriter
+from .._config import Config
+from .._errors import guard
+from .._model import CallSummary, Diagnosis, WindowSummary
+from .._records import StoppedWindow
+from .._stats import Stats
+from .._summary.builder import build_calls
+from .._summary.diagnosis import Thresholds, diagnose
+from .._summary.events import Unreadable
+from .._text import clean
+from ..exporters.chrome import TraceFileWriter
 
 __all__ = ["Processor"]
 
@@ -40,7 +42,7 @@ class Processor:
             else None
         )
 
-    def summarise(self, win: Window) -> WindowSummary | str:
+    def summarise(self, win: StoppedWindow) -> WindowSummary | str:
         """The window's summary, or the reason its calls are dropped."""
         try:
             read = win.read()
@@ -48,7 +50,7 @@ class Processor:
             return exc.reason
         cfg = self.config
         # the profiler's per-op recording on the window's thread: profkit's cost too
-        self.stats.cpu.charge(read.raw_count * recording_cost(cfg))
+        self.stats.cpu.charge(read.recording_s)
         calls = build_calls(
             win.id,
             win.calls,

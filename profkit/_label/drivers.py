@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-from ._keeper import checkpoint
-from ._model import CodeInfo
-from ._scope import FRAME, OFF, Active, Stepped, enter, exit_
+from .._capture.keeper import checkpoint
+from .._model import CodeInfo
+from .scope import FRAME, OFF, Active, Stepped, enter, exit_
 
 __all__ = ["Intervals", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
 

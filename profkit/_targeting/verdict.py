@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._errors import Stats
-from ._records import CallRecord, Policy
-from ._slow import LatencyBook
+from .._records import CallRecord, Policy
+from .._stats import Stats
+from .slow import LatencyBook
 
 __all__ = ["judge"]
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-from ._errors import Stats
-from ._settings import signal_number
+from .._settings import signal_number
+from .._stats import Stats
 
 __all__ = ["apply"]
 

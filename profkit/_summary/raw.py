@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ._records import RawEvent
+from .events import RawEvent
 
 __all__ = ["UNDECODABLE", "read_cpu_events"]
 

@@ -44,9 +44,10 @@ import math
 from collections.abc import Sequence
 
 from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
-from profkit._thresholds import HALF, Figures, Thresholds, ThresholdSource, Verdict
-from profkit._thresholds import confidence as _confidence
-from profkit._thresholds import margin as _margin
+
+from .thresholds import HALF, Figures, Thresholds, ThresholdSource, Verdict
+from .thresholds import confidence as _confidence
+from .thresholds import margin as _margin
 
 __all__ = ["ThresholdSource", "Thresholds", "amdahl_speedup", "diagnose"]
 

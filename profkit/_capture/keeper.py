@@ -1,12 +1,11 @@
 """The owner of a window's life: the one module that opens, joins, cuts short, closes and
 discards profiler windows (a test holds every other module to it). :class:`WindowKeeper`
-is one session's: it opens a window for a call the decision chose (:mod:`profkit._decide`),
-joins calls to it, and hands closed windows to that session's export pipeline. The module
-functions act on whatever window holds the slot, whichever session opened it
-(``Window.keeper``): the ``max_window_s`` checkpoint, the thread-end guard, the exit stop,
-the fork reset. The window-lifetime rule (docs/reliability.md): only a window's own thread
-can stop a thread-local profiler, so a window whose calls have all ended closes at once,
-unless ``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
+is one session's: it opens windows for the calls the decision (``decide``) chose, joins
+calls to them, hands closed ones to its export pipeline. The module functions act on the
+window that holds the slot, whatever session opened it (``Window.keeper``): the
+``max_window_s`` checkpoint, the thread-end guard, the exit stop, the fork reset. The
+window-lifetime rule (docs/reliability.md): a window whose calls have all ended closes at
+once, unless ``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
 """
 
 from __future__ import annotations
@@ -18,17 +17,18 @@ from typing import Any
 
 from opentelemetry.trace import SpanContext
 
-from . import _foreign, _hooks
-from ._config import Config
-from ._errors import Stats, guard
-from ._foreign import may_open
-from ._pipeline import ExportPipeline
-from ._records import CallRecord, Policy
-from ._sampling import RateLimiter
-from ._slot import SLOT
-from ._slow import Speculation
-from ._verdict import judge
-from ._window import Window
+from .._config import Config
+from .._errors import guard
+from .._export.pipeline import ExportPipeline
+from .._records import CallRecord, Policy
+from .._sampling import RateLimiter
+from .._stats import Stats
+from .._targeting.slow import Speculation
+from .._targeting.verdict import judge
+from . import foreign as _foreign
+from . import hooks as _hooks
+from .slot import SLOT
+from .window import Window
 
 __all__ = [
     "WindowKeeper",
@@ -96,7 +96,7 @@ class WindowKeeper:
         win: Window | None = None
         opened = charged = False
         try:
-            if not may_open():
+            if not _foreign.may_open():
                 self._refuse(waits, "skipped_foreign")
                 return None
             limiter = self._spec_limiter if speculative else self._limiter
@@ -172,7 +172,7 @@ class WindowKeeper:
         session stopped, or a speculative window's calls all ended (it never waits on a
         thread that may idle).
         """
-        win = call.window
+        win: Window = call.window
         if win.in_flight:
             return
         if (win.full or not active or win.speculative) and SLOT.held is win:
@@ -295,7 +295,7 @@ def yielded(call: CallRecord) -> None:
     Its thread-local window stops now (the calls are exported as truncated,
     ``"first_step"``); a window recording all threads goes on (any thread can stop it).
     """
-    win = call.window
+    win: Window = call.window
     if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
         win.keeper.truncate(win, "first_step")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._records import COMPILED
+from .._summary.compiled import COMPILED
 
 __all__ = ["compiled_away", "compiling"]
 

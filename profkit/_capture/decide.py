@@ -37,15 +37,15 @@ from typing import Any, TypeAlias
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from ._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
-from ._config import Config
-from ._errors import Stats
-from ._keeper import WindowKeeper, held_here
-from ._pipeline import ExportPipeline
-from ._records import Policy
-from ._sampling import EveryN, Sampler, TraceIdRatio, Triggered
-from ._slot import SLOT
-from ._slow import LatencyBook, Speculation
+from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
+from .._config import Config
+from .._export.pipeline import ExportPipeline
+from .._records import Policy
+from .._sampling import EveryN, Sampler, TraceIdRatio, Triggered
+from .._stats import Stats
+from .._targeting.slow import LatencyBook, Speculation
+from .keeper import WindowKeeper, held_here
+from .slot import SLOT
 
 __all__ = ["OFF", "PROFILED", "TIMED", "Decider", "Decision", "Kind", "asks_to_profile"]
 

@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._config import Config
-from ._deadline import Deadline
-from ._errors import Stats
-from ._model import WindowSummary
-from .exporters import Exporter
-from .exporters.console import ConsoleExporter, JsonLinesExporter
-from .exporters.logs import LogExporter
-from .exporters.otel import SpanExporter
+from .._config import Config
+from .._deadline import Deadline
+from .._model import WindowSummary
+from .._stats import Stats
+from ..exporters import Exporter
+from ..exporters.console import ConsoleExporter, JsonLinesExporter
+from ..exporters.logs import LogExporter
+from ..exporters.otel import SpanExporter
 
 __all__ = ["Fanout", "build_exporters"]
 

@@ -1,13 +1,13 @@
 """One capture: torch.profiler started and stopped on the sampled call's thread, then read.
 
 Only this module touches a window's ``torch.profiler.profile`` object (built by
-:mod:`profkit._profiler`): start, stop, discard, read its events (on the export worker),
+:mod:`profkit._capture.profiler`): start, stop, discard, read its events (on the export worker),
 write its Chrome trace, free it. It knows how to tell
 whether a profiler someone else started is running (``torch.autograd.profiler.
 _is_profiler_enabled``, a process global that both profiler front-ends set), and primes the
 profiler once per process (its first start costs about a second). Which window may run
-when is the slot's business (:mod:`profkit._slot`), and what happens to a window the
-owner's (:mod:`profkit._keeper`), not this module's.
+when is the slot's business (:mod:`profkit._capture.slot`), and what happens to a window the
+owner's (:mod:`profkit._capture.keeper`), not this module's.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from . import _hooks
-from ._compat import clear_profiler_flag, profiler_enabled_here, profiler_flag
-from ._config import Config
-from ._profiler import cpu_only, make_profiler, measure_recording, ours
-from ._raw import read_cpu_events
-from ._records import CallRecord, Unreadable, WindowEvents
+from .._compat import clear_profiler_flag, profiler_enabled_here, profiler_flag
+from .._config import Config
+from .._records import CallRecord
+from .._summary.events import Unreadable, WindowEvents
+from .._summary.raw import read_cpu_events
+from . import hooks as _hooks
+from .profiler import cpu_only, make_profiler, measure_recording, ours
 
 __all__ = [
     "Unreadable",
@@ -155,7 +156,7 @@ class Window:
         self.cut_reason = "max_window_s"
         #: root calls of other requests seen on this window's thread while it recorded
         self.others = 0
-        #: the session's window owner that opened it (:class:`profkit._keeper.WindowKeeper`)
+        #: the session's window owner that opened it (:class:`profkit._capture.keeper.WindowKeeper`)
         self.keeper: Any = None
 
     @property
@@ -260,7 +261,7 @@ class Window:
             if cut:
                 raise Unreadable("too_many_events")
             events = list(prof.events())  # type: ignore[no-untyped-call]
-        return WindowEvents(count, trace_start, events, cut)
+        return WindowEvents(count, trace_start, events, cut, count * recording_cost(cfg))
 
     def write_chrome_trace(self, path: str) -> None:
         """Write the stopped window's Chrome/Perfetto trace to ``path`` (torch's own writer)."""

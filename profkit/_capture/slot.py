@@ -3,7 +3,7 @@
 Two torch profilers running at once crash the process (pytorch#64795), so the slot is
 module-global, not per session: an old session being replaced by ``configure()`` and the new
 one share it. It only serialises. What happens to a window (open, join, cut short, close,
-discard) is the window owner's (:mod:`profkit._keeper`), the one module that does it.
+discard) is the window owner's (:mod:`profkit._capture.keeper`), the one module that does it.
 
 The slot is visible from the instant a window starts starting: a claim (``claimed``) is
 taken before the profiler is built and started, and the hook that runs before anyone else's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ._window import Window
+from .window import Window
 
 __all__ = ["SLOT", "WindowSlot"]
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
-from ._model import OpRow
-from ._records import COMPILED
-from ._text import clean
-
-if TYPE_CHECKING:
-    from ._summary import EventView
+from .._model import OpRow
+from .._text import clean
+from .compiled import COMPILED
+from .events import EventView
 
 __all__ = ["COMPILE_ROW", "compile_row", "compiled_labels", "fold_compiles", "is_compile_event"]
 

@@ -1,10 +1,10 @@
-"""``@profiled`` and ``region()``: thin front-ends over :mod:`profkit._scope`.
+"""``@profiled`` and ``region()``: thin front-ends over :mod:`profkit._label.scope`.
 
 The decorator branches once, at decoration time, on the kind of callable (function,
 coroutine function, generator, async generator) and precomputes the label and code
 attributes. Off-sample, a decorated call costs the compiler check (a ``return False``), one
 ContextVar read, one session check, one counter step and a ContextVar set/reset. Under
-``torch.compile`` tracing, labels are nothing (:mod:`profkit._compiler`). Decorated callables
+``torch.compile`` tracing, labels are nothing (:mod:`profkit._label.compiler`). Decorated callables
 pickle and copy like undecorated ones (docs/compile.md).
 """
 
@@ -20,10 +20,10 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
-from ._compiler import compiled_away, compiling
-from ._drivers import SteppedAsyncGen, async_call, drive
-from ._model import CodeInfo
-from ._scope import FRAME, OFF, Stepped, enter, exit_, sync_call
+from .._model import CodeInfo
+from .compiler import compiled_away, compiling
+from .drivers import SteppedAsyncGen, async_call, drive
+from .scope import FRAME, OFF, Stepped, enter, exit_, sync_call
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -135,7 +135,7 @@ def _plain_function(
 
     ``wrapt.FunctionWrapper`` costs about 1 µs a call for a plain function (it looks up
     ``__self__`` and builds the AttributeError), the whole off-sample budget. The scope's
-    function (:func:`profkit._scope.sync_call`, one frame a call) is rebuilt on ``func``'s
+    function (:func:`profkit._label.scope.sync_call`, one frame a call) is rebuilt on ``func``'s
     globals, where TorchScript resolves the names in ``func``'s source (it reads the source
     through ``__wrapped__``, the names through the wrapper), and ``functools.wraps`` keeps
     name, docstring, ``__wrapped__`` and signature. It binds as a method like any function

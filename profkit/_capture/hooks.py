@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.autograd.profiler as _autograd_profiler
 
-from ._profiler import ours_starting
+from .profiler import ours_starting
 
 __all__ = [
     "at_exit",

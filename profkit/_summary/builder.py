@@ -28,40 +28,19 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from ._compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
-from ._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
-from ._records import CallRecord, RawEvent, ScopeRecord
-from ._text import clean
+from .._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
+from .._records import CallRecord, ScopeRecord
+from .._text import clean
+from .compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
+from .events import EventView, RawEvent
 
-__all__ = ["EventView", "build_calls", "rows_for", "top_rows"]
+__all__ = ["build_calls", "rows_for", "top_rows"]
 
 _BY_START = operator.attrgetter("start_ns")
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
 #: tolerance placing an op in a task's running interval (the clocks agree to well under it)
 _TASK_SLACK_NS = 1_000
-
-
-class EventView:
-    """The fields of one profiler event that the summary needs, on the epoch clock."""
-
-    __slots__ = ("device", "end_ns", "ev", "id", "linked", "name", "start_ns", "thread", "user")
-
-    def __init__(self, ev: Any, trace_start_ns: int) -> None:
-        self.ev = ev
-        self.name: str = ev.name
-        self.thread: int = ev.thread
-        span = _range(ev)
-        self.start_ns = trace_start_ns + round(span[0] * 1000)
-        self.end_ns = trace_start_ns + round(span[1] * 1000)
-        self.device = str(getattr(ev, "device_type", "DeviceType.CPU")) != "DeviceType.CPU"
-        self.user = bool(getattr(ev, "is_user_annotation", False))
-        self.id: int = getattr(ev, "id", -1)
-        self.linked: int = getattr(ev, "linked_correlation_id", 0) or 0
-
-
-def _range(ev: Any) -> tuple[float, float]:
-    return ev.time_range.start, ev.time_range.end
 
 
 def _shapes(ev: Any) -> str | None:
