@@ -10,7 +10,7 @@ profiled would be. CPU time, not the wall clock: on a shared machine other proce
 would swamp a 2% effect.
 
 Target: the median round keeps at least 0.93 of the bare loop's throughput (what
-``tests/test_cost.py`` asserted before this moved here: a number another process's load can
+``tests/capture/test_cost.py`` asserted before this moved here: a number another process's load can
 move does not belong in a test). The share profkit reports (``stats()["overhead"]``) and
 its counters are printed beside it.
 

@@ -1,6 +1,6 @@
 """Serving patterns: streams that hop threads, long-open windows, signal timeouts, the user's
 own profiler mid-window, shutdowns with hung exporters. Each risky case runs in a fresh
-interpreter (as tests/test_exit.py does): a profiler left running crashes the exit.
+interpreter (as tests/capture/test_exit.py does): a profiler left running crashes the exit.
 """
 
 from __future__ import annotations

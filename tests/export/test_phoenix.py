@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import profkit
 from profkit.exporters.otlp import otlp_span_processor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("PROFKIT_PHOENIX_VENV", ROOT / ".venv-phoenix"))
 PHOENIX = VENV / "bin" / "phoenix"
 #: seconds Phoenix may take to start (database migrations on first start)

@@ -23,7 +23,7 @@ from profkit._config import ENV_VARS, build_config, setting
 from profkit._global import UNSET
 from profkit._settings import Setting
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_MD = ROOT / "docs" / "configuration.md"
 TABLE_START = "<!-- config-table:start (generated: python scripts/gen_config_docs.py) -->"
 TABLE_END = "<!-- config-table:end -->"

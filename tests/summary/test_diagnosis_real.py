@@ -251,7 +251,7 @@ def test_threshold_setting_reaches_the_diagnosis() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: run bench/gpu_check.py")
 def test_gpu_check_without_cuda_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """bench/gpu_check.py on a CPU-only machine prints "CUDA not available" and returns 2."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     assert spec is not None
     assert spec.loader is not None
