@@ -152,20 +152,7 @@ def test_outside_the_real_time_range_is_refused(name: str) -> None:
 @pytest.mark.skipif(not HAS_RT, reason="needs real-time signals")
 def test_real_time_signal_profiles_the_next_root_call() -> None:
     """trigger_signal="SIGRTMIN+1": that signal profiles the next root call, end to end."""
-    report = _fresh(
-        """
-        rt = signal.SIGRTMIN + 1
-        profkit.configure(trigger_signal="SIGRTMIN+1", **SETTINGS)
-        installed = handler_name(rt)
-        f()                                   # call 0: the sampler's own pick
-        os.kill(os.getpid(), rt)
-        f()                                   # triggered
-        f()                                   # not
-        got = policies()
-        profkit.shutdown()
-        report(policies=got, installed=installed, after=handler_name(rt))
-        """
-    )
+    report = _fresh("signal_real_time")
     assert ["every:1000000000", "trigger"] == report["policies"]
     assert ("profkit_trigger_signal", "SIG_DFL") == (report["installed"], report["after"])
 
