@@ -28,8 +28,16 @@ from ._targeting.verdict import judge
 __all__ = ["Decision", "Session"]
 
 
-class Session:
-    """One profkit session: settings, counters, the decision, windows, export pipeline."""
+class Session(Decider):
+    """One profkit session: settings, counters, the decision, windows, export pipeline.
+
+    It hosts the decision: ``begin_root`` is :meth:`Decider.decide` itself, a method of the
+    class (no frame of the session's own, no bound method to build: it runs on every root
+    call). Its state is the decision's, set up by ``Decider.__init__``.
+    """
+
+    #: ``begin_root(label, speculate=True) -> Decision``
+    begin_root = Decider.decide
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -46,12 +54,16 @@ class Session:
         self._book = LatencyBook(config.slow_ms) if config.capture_slow else None
         speculation = Speculation(self._book) if self._book is not None else None
         self.keeper = WindowKeeper(config, self.stats, self.pipeline, speculation)
-        self._decider = Decider(
-            config, self.stats, self.pipeline, self.keeper, self.triggered, self._book, speculation
+        Decider.__init__(
+            self,
+            config,
+            self.stats,
+            self.pipeline,
+            self.keeper,
+            self.triggered,
+            self._book,
+            speculation,
         )
-        #: ``begin_root(label, speculate=True) -> Decision``: the decision, with no frame
-        #: of the session's own in between (it runs on every root call)
-        self.begin_root = self._decider.decide
         #: ``timed(label, t0)``: an unprofiled root call that was timed has ended
         self.timed = self._book.note_since if self._book is not None else None
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
@@ -130,4 +142,3 @@ class Session:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
         self.triggered = Triggered()
-        self._decider.triggered = self.triggered

@@ -248,7 +248,7 @@ def test_begin_root_returns_one_decision_type() -> None:
         second = session.begin_root("x")  # (another root call while the first one runs)
         session.end_root(first[1], None)
     assert OFF is second
-    assert typing.get_type_hints(type(session.begin_root.__self__).decide)["return"]
+    assert typing.get_type_hints(type(session).begin_root)["return"]
 
 
 def _imports(path: Path, module: str) -> set[str]:
