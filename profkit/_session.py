@@ -141,4 +141,5 @@ class Session(Decider):
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
         self.stats.at_fork_reinit()
+        self.refresh_after_fork()
         self.triggered = Triggered()

@@ -40,7 +40,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
 from .._config import Config
 from .._export.pipeline import ExportPipeline
-from .._records import Policy
+from .._records import CallRecord, Policy
 from .._sampling import EveryN, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
@@ -106,6 +106,8 @@ class Decider:
         self._keeper = keeper
         self.triggered = triggered
         self._sampler = make_sampler(config)
+        #: read on every root call: one attribute each, not two
+        self._roots, self._sample = stats.roots, self._sampler.decide
         self._ratio = config.sample_rate is not None
         self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
         self._book = book
@@ -117,7 +119,7 @@ class Decider:
     def decide(self, label: str, speculate: bool = True) -> Decision:
         """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
         never timed nor speculative)."""
-        next(self._stats.roots)  # every off-sample call passes here: a C call, no lock
+        next(self._roots)  # every off-sample call passes here: a C call, no lock
         otel = otel_current()  # empty (falsy) when no span is active: no lookup
         span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
         parent: SpanContext | None = span.get_span_context() if span is not None else None
@@ -129,19 +131,30 @@ class Decider:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._stats.unsampled_traces)  # lock-free, like the root count
             return OFF
-        trig = self.triggered
-        if trig.pending and trig.applies(label) and not SLOT.claimed and not self._pipeline.full():
-            call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
+        if self.triggered.pending:
+            call = self._triggered(label, parent)
             if call is not None:
                 return (PROFILED, call)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
             return self._open(Policy.BAGGAGE, parent)
         trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
-        if self._sampler.decide(trace_id):
+        if self._sample(trace_id):
             return self._open(Policy.SAMPLER, parent)
         if self._book is None or not speculate:
             return OFF
         return self._speculate(label, parent)
+
+    def _triggered(self, label: str, parent: SpanContext | None) -> CallRecord | None:
+        """A pending trigger for ``label``: a window, while the slot is free and the queue has
+        room (a closure here, not in ``decide``: its cells would cost every root call)."""
+        trig = self.triggered
+        if not trig.applies(label) or SLOT.claimed or self._pipeline.full():
+            return None
+        return self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
+
+    def refresh_after_fork(self) -> None:
+        """The counters were made anew (a forked child): count into the new ones."""
+        self._roots = self._stats.roots
 
     def _join(
         self, win: Any, label: str, parent: SpanContext | None, otel: Any, speculate: bool
