@@ -2,7 +2,7 @@
 
 * ``python -m profkit demo``: a small model served over HTTP on 127.0.0.1, driven by its own
   client, 1 request in N profiled, each sampled call printed on stdout (:mod:`profkit._demo`).
-* ``python -m profkit report FILE``: per label, a rollup of the JSON lines profkit wrote
+* ``python -m profkit report FILE...``: per label, a rollup of the JSON lines profkit wrote
   (samples, duration p50/p95, verdict counts, top ops by median self time) (:mod:`profkit._report`).
 * ``python -m profkit --version``.
 

@@ -190,6 +190,8 @@ def trigger(n: int = 1, *, label: str | None = None) -> None:
     """Profile the next ``n`` root calls whatever the sampler says (no-op before configure).
 
     With ``label``, the next ``n`` root calls of that label only (others are not counted).
+    At most 1000 triggers are pending at once, any label and per label together: a trigger
+    beyond that keeps the 1000 and does not raise.
 
     Raises:
         ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.

@@ -1,4 +1,4 @@
-"""``python -m profkit report FILE``: what many samples of each label say together.
+"""``python -m profkit report FILE...``: what many samples of each label say together.
 
 Reads JSON lines, the ``"json"`` exporter's (``./scripts/demo --json``) or structlog's JSON
 rendering of the ``"log"`` exporter's events, skipping every other line, and prints per
@@ -10,18 +10,28 @@ One sample is noisy (a busy core, a page fault, a neighbour): read verdicts and 
 counts and medians over many samples.
 
 Percentiles are nearest-rank: the p-th of n sorted values is the ``ceil(p/100 * n)``-th.
+
+Any input is read without raising: a line that looks like JSON but does not parse, and a
+profkit event whose label, duration or op time is not what profkit writes (null, a string,
+nan, inf, negative, out of range), is skipped and counted (one line on stderr at the end);
+bytes that are not UTF-8 are read as U+FFFD; labels, verdicts and op names are printed
+with control characters escaped (:func:`profkit._text.clean`).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
+
+from ._text import clean
 
 DESCRIPTION = """\
 Roll up profkit's JSON lines (the json exporter's, or structlog's JSON of the log
@@ -30,7 +40,15 @@ exporter's events; other lines are skipped) per label: samples, call duration p5
 time over the samples that list them, with their p25-p75 spread.
 """
 
-__all__ = ["LabelRollup", "OpRollup", "Sample", "percentile", "read_samples", "rollup"]
+__all__ = [
+    "LabelRollup",
+    "OpRollup",
+    "Sample",
+    "percentile",
+    "read",
+    "read_samples",
+    "rollup",
+]
 
 TOP_OPS = 5
 """Op rows printed per label (``--top`` changes it)."""
@@ -86,57 +104,99 @@ def percentile(values: Iterable[float], p: float) -> float:
     return ordered[rank - 1]
 
 
-def _events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among ``lines`` whose ``event`` is one of profkit's."""
+_EVENTS = ("profkit.profile", "profkit.op")
+
+
+def _events(lines: Iterable[str], bad: list[int]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``lines`` whose ``event`` is one of profkit's; ``bad[0]``
+    counts the lines that look like JSON objects but do not parse."""
     for line in lines:
         text = line.strip()
         if not text.startswith("{"):
             continue
         try:
             event = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the limit
+            bad[0] += 1
             continue
-        if isinstance(event, dict) and event.get("event") in ("profkit.profile", "profkit.op"):
+        if isinstance(event, dict) and event.get("event") in _EVENTS:
             yield event
 
 
-def _op_time(row: Mapping[str, Any]) -> tuple[str, float] | None:
-    name = row.get("op")
-    if not isinstance(name, str) or name == "other":
+def _number(value: Any) -> float | None:
+    """A finite, non-negative JSON number as a float; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return name, float(row.get("self_cpu_us", 0.0))
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
-def read_samples(lines: Iterable[str]) -> list[Sample]:
-    """Samples from profkit's JSON lines, in file order.
+def _key(value: Any) -> str | None:
+    """A string (a label, a span id, a verdict) from a JSON string or number; else None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
 
-    A ``profkit.profile`` event's ``top_ops`` gives its ops; ``profkit.op`` events (the log
-    exporter's) are added to the profile with the same ``span_id``, or else to the latest
-    profile of their label.
+
+def _op_time(row: Mapping[str, Any]) -> tuple[str, float] | None:
+    """An op row's name and self CPU µs; None for the "other" row or one that cannot be read."""
+    name = row.get("op")
+    self_us = _number(row.get("self_cpu_us", 0.0))
+    if not isinstance(name, str) or name == "other" or self_us is None:
+        return None
+    return name, self_us
+
+
+def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
+    """Samples from profkit's JSON lines, in file order, and how many lines were skipped
+    because they could not be read.
+
+    A ``profkit.profile`` event's ``top_ops`` gives its ops (rows that cannot be read are
+    left out); ``profkit.op`` events (the log exporter's) are added to the profile with the
+    same ``span_id``, or else to the latest profile of their label.
     """
+    bad = [0]
     samples: list[Sample] = []
     by_span: dict[str, Sample] = {}
     latest: dict[str, Sample] = {}
-    for event in _events(lines):
-        label = str(event.get("label", "?"))
+    for event in _events(lines, bad):
+        label = _key(event.get("label", "?"))
         if event["event"] == "profkit.profile":
-            sample = Sample(
-                label,
-                float(event.get("duration_us", 0.0)),
-                str(event.get("diagnosis") or "none"),
-                event.get("diagnosis_confidence") == "low",
-            )
-            for row in event.get("top_ops") or ():
+            duration = _number(event.get("duration_us", 0.0))
+            if label is None or duration is None:
+                bad[0] += 1
+                continue
+            verdict = _key(event.get("diagnosis")) or "none"
+            sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
+            rows = event.get("top_ops")
+            for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)
             samples.append(sample)
             latest[label] = sample
-            if event.get("span_id"):
-                by_span[str(event["span_id"])] = sample
+            span = _key(event.get("span_id"))
+            if span:
+                by_span[span] = sample
             continue
-        target = by_span.get(str(event.get("span_id", ""))) or latest.get(label)
+        if event.get("op") == "other":
+            continue
+        found = _op_time(event)
+        if label is None or found is None:
+            bad[0] += 1
+            continue
+        target = by_span.get(_key(event.get("span_id")) or "") or latest.get(label)
         if target is not None:
-            _add_op(target, event)
-    return samples
+            target.ops[found[0]] = target.ops.get(found[0], 0.0) + found[1]
+    return samples, bad[0]
+
+
+def read_samples(lines: Iterable[str]) -> list[Sample]:
+    """:func:`read`'s samples, without the count of skipped lines."""
+    return read(lines)[0]
 
 
 def _add_op(sample: Sample, row: Any) -> None:
@@ -197,45 +257,92 @@ def render(rollups: list[LabelRollup]) -> str:
     return "\n".join(blocks)
 
 
+#: the most characters of a label or verdict printed
+_LIMIT = 200
+
+
 def _render_one(r: LabelRollup) -> str:
     verdicts = ", ".join(
-        f"{name} {count}" + (f" ({r.borderline[name]} borderline)" if name in r.borderline else "")
+        f"{clean(name, _LIMIT)} {count}"
+        + (f" ({r.borderline[name]} borderline)" if name in r.borderline else "")
         for name, count in r.verdicts.items()
     )
+    label = clean(r.label, _LIMIT)
     lines = [
-        f"{r.label}  {r.samples} samples  duration p50 {r.p50_ms:.3f} ms  p95 {r.p95_ms:.3f} ms",
+        f"{label}  {r.samples} samples  duration p50 {r.p50_ms:.3f} ms  p95 {r.p95_ms:.3f} ms",
         f"  verdicts: {verdicts}",
         f"  {'op':<34} {'samples':>8} {'median self cpu us':>19} {'p25-p75':>19}",
     ]
     for op in r.ops:
         seen = f"{op.samples}/{r.samples}"
         spread = f"{op.p25_us:.1f}-{op.p75_us:.1f}"
-        lines.append(f"  {op.name[:34]:<34} {seen:>8} {op.median_us:>19.1f} {spread:>19}")
+        lines.append(f"  {clean(op.name, 34):<34} {seen:>8} {op.median_us:>19.1f} {spread:>19}")
     return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The report's options."""
-    parser.add_argument("file", help="JSON lines written by profkit ('-' reads stdin)")
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="JSON lines written by profkit ('-' reads stdin)"
+    )
     parser.add_argument("--top", type=int, default=TOP_OPS, help=f"ops per label ({TOP_OPS})")
     parser.add_argument("--json", action="store_true", help="the rollup as JSON")
 
 
-def _open(path: str) -> IO[str]:
-    return sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")
+def _open(path: str) -> contextlib.AbstractContextManager[IO[str]]:
+    if path != "-":
+        return open(path, encoding="utf-8", errors="replace")
+    return _stdin()
+
+
+@contextlib.contextmanager
+def _stdin() -> Iterator[IO[str]]:
+    """Standard input, bytes that are not UTF-8 read as U+FFFD; left open."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a replaced stdin (a test's): read it as it is
+        yield sys.stdin
+        return
+    wrapper = io.TextIOWrapper(buffer, encoding="utf-8", errors="replace")
+    try:
+        yield wrapper
+    finally:
+        wrapper.detach()  # not closing sys.stdin's buffer with it
+
+
+def _lines(paths: list[str], unreadable: list[str]) -> Iterator[str]:
+    """Every line of every file; a file that cannot be opened or read is noted and skipped."""
+    for path in paths:
+        try:
+            with _open(path) as stream:
+                yield from stream
+        except OSError as exc:
+            unreadable.append(f"cannot read {clean(path, _LIMIT)}: {exc.strerror or exc}")
+
+
+def _write(stream: IO[str], text: str) -> None:
+    """``text`` on ``stream``, with what its encoding cannot write as escapes."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report for ``args.file``; 1 when it cannot be read or holds no samples."""
-    try:
-        stream = _open(args.file)
-    except OSError as exc:
-        print(f"profkit report: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 1
-    with stream:
-        rollups = rollup(read_samples(stream), top=max(1, args.top))
+    """Print the report for ``args.files``; 1 when one cannot be read or none holds samples.
+
+    Lines that could not be read are skipped and counted on stderr.
+    """
+    unreadable: list[str] = []
+    samples, skipped = read(_lines(list(args.files), unreadable))
+    rollups = rollup(samples, top=max(1, args.top))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
     else:
-        sys.stdout.write(render(rollups))
-    return 0 if rollups else 1
+        _write(sys.stdout, render(rollups))
+    for problem in unreadable:
+        _write(sys.stderr, f"profkit report: {problem}\n")
+    if skipped:
+        noun = "line" if skipped == 1 else "lines"
+        _write(sys.stderr, f"profkit report: skipped {skipped} {noun} that could not be read\n")
+    return 0 if rollups and not unreadable else 1

@@ -18,6 +18,7 @@ from typing import Protocol
 from ._compat import peek_count
 
 __all__ = [
+    "MAX_PENDING",
     "EveryN",
     "RateLimiter",
     "Sampler",
@@ -27,6 +28,10 @@ __all__ = [
 ]
 
 _TRACE_ID_LOW_64 = (1 << 64) - 1
+
+#: the most triggers pending at once, for any label and per label together: a trigger
+#: beyond it keeps the cap (50 requests of n=100 pushed overhead far past its budget)
+MAX_PENDING = 1000
 
 
 class Sampler(Protocol):
@@ -148,8 +153,11 @@ class Triggered:
         next(self._signals)
         self.pending = 1  # after the count: see _settle
 
-    def add(self, n: int, label: str | None = None) -> None:
+    def add(self, n: int, label: str | None = None) -> int:
         """``n`` more triggers, for root calls of ``label`` (None: of any label).
+
+        At most :data:`MAX_PENDING` are pending in all: beyond it, fewer (or none) are added,
+        without an error. Returns how many were added.
 
         Raises:
             ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
@@ -159,12 +167,17 @@ class Triggered:
         if label is not None and not isinstance(label, str):
             raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
         with self._lock:
+            self._settle()  # signals folded in (and capped) first: they count too
+            n = min(n, MAX_PENDING - self._any - self._labelled)
+            if n <= 0:
+                return 0
             if label is None:
                 self._any += n
             else:
                 self._by_label[label] = self._by_label.get(label, 0) + n
                 self._labelled += n
             self._settle()
+            return n
 
     def applies(self, label: str) -> bool:
         """Whether a pending trigger may be for ``label`` (no lock; nothing taken)."""
@@ -213,6 +226,8 @@ class Triggered:
         and a handler whose count comes after our last drain stores its 1 after our store.
         """
         while True:
+            # signals fold into _any: cap them there (add() never passes the cap itself)
+            self._any = max(0, min(self._any, MAX_PENDING - self._labelled))
             self.pending = self._any + self._labelled
             signals = self._drain()
             if not signals:

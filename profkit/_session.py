@@ -104,8 +104,9 @@ class Session(Decider):
             with guard(self.stats, "profiler_build"):
                 self.keeper.spare = make_profiler(self.config)
 
-    def trigger(self, n: int = 1, label: str | None = None) -> None:
-        self.triggered.add(n, label)  # checks its arguments (ValueError)
+    def trigger(self, n: int = 1, label: str | None = None) -> int:
+        """How many of the ``n`` were added (``MAX_PENDING`` caps those pending)."""
+        return self.triggered.add(n, label)  # checks its arguments (ValueError)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.

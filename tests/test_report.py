@@ -3,6 +3,7 @@ events they are computed from."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import profkit
 from profkit import __main__ as cli
@@ -181,3 +184,135 @@ def test_report_numbers_match_the_events(
         if label == "predict":
             (row,) = [op for op in got["ops"] if op["name"] == "aten::addmm"]
             assert (4, statistics.median(addmm)) == (row["samples"], row["median_us"])
+
+
+# -- robustness (issue #26): skip and count what cannot be read, escape what is printed -----
+
+BROKEN_LINES = [
+    '{"event": "profkit.profile", "label": "p", "duration_us": null}',
+    '{"event": "profkit.profile", "label": "p", "duration_us": "slow"}',
+    '{"event": "profkit.profile", "label": "p", "duration_us": 1e400}',
+    '{"event": "profkit.profile", "label": "p", "duration_us": NaN}',
+    '{"event": "profkit.profile", "label": "p", "duration_us": -5}',
+    '{"event": "profkit.profile", "label": "p", "duration_us": ' + "9" * 400 + "}",
+    '{"event": "profkit.op", "label": "p", "op": "aten::mm", "self_cpu_us": "x"}',
+    '{"event": "profkit.profile", "label": "p", "dur',  # cut short
+    '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",  # nested past the recursion limit
+]
+
+
+def test_broken_lines_are_skipped_and_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Good lines give the rollup; the broken ones are skipped, counted once on stderr."""
+    path = tmp_path / "mixed.jsonl"
+    good = lines(
+        profile("p", 1000.0, "compute-bound", aten_mm=10.0),
+        profile("p", 3000.0, "compute-bound", aten_mm=30.0),
+    )
+    junk = [
+        "not json at all",  # another program's line: skipped silently, as before
+        json.dumps({"event": "something.else", "duration_us": None}),
+        json.dumps({**profile("p", 2000.0, "compute-bound"), "top_ops": "junk"}),
+    ]
+    path.write_text("\n".join([good[0], *BROKEN_LINES, *junk, good[1]]) + "\n", "utf-8")
+    assert 0 == cli.main(["report", str(path)])
+    out, err = capsys.readouterr()
+    assert out.startswith("p  3 samples  duration p50 2.000 ms  p95 3.000 ms\n"), out
+    assert f"skipped {len(BROKEN_LINES)} lines that could not be read" in err
+
+
+def test_labels_and_op_names_are_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A label or op name with ANSI escapes or control characters is printed escaped."""
+    evil = "\x1b[2J\x1b[31mred\x07\r\nfake\ud800"
+    path = tmp_path / "evil.jsonl"
+    event = profile(evil, 1000.0, "io\x1b[0m-bound")
+    event["top_ops"] = [{"op": "op\x1b]0;title\x07", "self_cpu_us": 5.0}]
+    path.write_text(json.dumps(event) + "\n", "utf-8")
+    assert 0 == cli.main(["report", str(path)])
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "\x07" not in out
+    assert "\r" not in out
+    assert "\\x1b[2J\\x1b[31mred\\x07\\r\\nfake\ufffd  1 samples" in out
+    assert "op\\x1b]0;title\\x07" in out
+    assert "io\\x1b[0m-bound 1" in out
+
+
+def test_odd_inputs_do_not_raise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bytes that are not UTF-8, a directory, an empty file, several files: never a raise."""
+    raw = tmp_path / "raw.jsonl"
+    raw.write_bytes(b"\xff\xfe\x00garbage\n" + json.dumps(profile("p", 1.0, "v")).encode() + b"\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert 0 == cli.main(["report", str(raw)])
+    assert "p  1 samples" in capsys.readouterr().out
+    assert 1 == cli.main(["report", str(empty)])
+    assert "no profkit.profile events" in capsys.readouterr().out
+    assert 1 == cli.main(["report", str(tmp_path)])
+    assert "cannot read" in capsys.readouterr().err
+    assert 1 == cli.main(["report", str(raw), str(tmp_path / "missing\x1b.jsonl"), str(raw)])
+    out, err = capsys.readouterr()
+    assert "p  2 samples" in out  # the files that could be read, together
+    assert "cannot read" in err
+    assert "\x1b" not in err
+    assert 0 == cli.main(["report", "--json", str(raw)])
+    assert json.loads(capsys.readouterr().out)[0]["samples"] == 1
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=20)
+    | st.sampled_from(["profkit.profile", "profkit.op", "other", "\x1b[31m"]),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "event",
+                    "label",
+                    "duration_us",
+                    "top_ops",
+                    "op",
+                    "self_cpu_us",
+                    "span_id",
+                    "diagnosis",
+                    "diagnosis_confidence",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=8,
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=80),
+            _JSON.map(json.dumps),
+            st.dictionaries(st.just("event"), st.sampled_from(["profkit.profile", "profkit.op"]))
+            .flatmap(lambda d: _JSON.map(lambda j: {**d, **j} if isinstance(j, dict) else d))
+            .map(json.dumps),
+        ),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_any_lines_never_raise(text_lines: list[str], as_json: bool) -> None:
+    """Whatever the lines hold, the report reads, rolls up and prints without raising."""
+    samples = _report.read_samples(text_lines)
+    rollups = _report.rollup(samples)
+    out = json.dumps([dataclasses.asdict(r) for r in rollups]) if as_json else None
+    text = _report.render(rollups)
+    assert "\x1b" not in text
+    assert out is None or isinstance(out, str)

@@ -361,9 +361,13 @@ def _attribute(
 
 
 def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[str, AttrValue]:
+    """Bound user attributes by count, size and type (OTLP fails a batch on an int it cannot
+    carry): bools, floats (nan, inf too) and int64 ints stay; the rest is a bounded string."""
     out: dict[str, AttrValue] = {}
     for key, value in list(attrs.items())[:max_count]:
-        if isinstance(value, (bool, int, float)):
+        if isinstance(value, (bool, float)) or (
+            isinstance(value, int) and -(2**63) <= value < 2**63
+        ):
             out[clean(str(key), limit)] = value
         else:
             out[clean(str(key), limit)] = clean(str(value), limit)

@@ -33,6 +33,7 @@ import hmac
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 try:
     import fastapi.routing
@@ -133,11 +134,12 @@ def add_trigger_route(
     """Mount ``POST <path>``: profile the next ``n`` root calls (of ``label``) on request.
 
     ``n`` (1 to :data:`MAX_TRIGGER_N`, default 1) and ``label`` come as query parameters or
-    as a JSON body (``{"n": 3, "label": "/predict"}``); the answer is
-    ``{"triggered": n, "label": label}``. A request must carry ``Authorization: Bearer
-    <token>`` (compared in constant time): without it, or with another, the answer is 401
-    before the parameters or the body are looked at; a bad ``n`` is 422; 503 while profkit is
-    not configured.
+    as a JSON body (``{"n": 3, "label": "/predict"}``); the answer is ``{"triggered": added,
+    "label": label, "pending": pending, "capped": added < n}`` (at most 1000 triggers are
+    pending in all). A request must carry ``Authorization: Bearer <token>`` (compared in
+    constant time): without it, or with another, the answer is 401 before the parameters or
+    the body are looked at; anything it cannot use (a bad ``n`` or ``label``, a body that is
+    not a JSON object or not UTF-8) is 422, never 500; 503 while profkit is not configured.
     The route is not listed in the OpenAPI schema unless ``include_in_schema``, and is never
     a root call itself (``instrument_app`` leaves it alone).
 
@@ -179,10 +181,13 @@ def add_trigger_route(
         if body is not None:
             n = body.n if "n" in body.model_fields_set else n
             label = body.label if "label" in body.model_fields_set else label
-        if _global.get_session() is None:
+        _check_query(request)
+        session = _global.get_session()
+        if session is None:
             raise HTTPException(status_code=503, detail="profkit is not configured")
-        _global.trigger(n, label=label)
-        return {"triggered": n, "label": label}
+        added = session.trigger(n, label)
+        pending = session.triggered.pending
+        return {"triggered": added, "label": label, "pending": pending, "capped": added < n}
 
     _WRAPPERS[id(profkit_trigger)] = profkit_trigger  # instrument_app: not a root call
     app.add_api_route(
@@ -209,5 +214,23 @@ async def _read_body(request: Request) -> _TriggerBody | None:
     try:
         return _TriggerBody.model_validate_json(text)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
+        # not the input: it may hold what JSON cannot write (inf, nan, a 5000-digit int),
+        # which turned FastAPI's 422 into a 500
+        raise RequestValidationError(
+            [
+                {"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]}
+                for e in exc.errors(include_url=False, include_context=False, include_input=False)
+            ]
+        ) from None
+
+
+def _check_query(request: Request) -> None:
+    """A 422 for a query string that is not UTF-8 once unquoted (Starlette would have made
+    its bytes U+FFFD: a label no root call has)."""
+    raw = request.scope.get("query_string", b"")
+    try:
+        parse_qsl(raw.decode("latin-1"), keep_blank_values=True, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise RequestValidationError(
+            [{"type": "string_unicode", "loc": ("query",), "msg": "the query is not UTF-8"}]
+        ) from None

@@ -67,8 +67,14 @@ def test_trigger_route_is_token_protected_and_triggers_the_label() -> None:
     assert [401] * 6 == [r.status_code for r in refused]
     assert "Bearer" == refused[1].headers["www-authenticate"]
     assert [422] * 8 == bad_n
-    assert (200, {"triggered": 1, "label": "/b"}) == (labelled.status_code, labelled.json())
-    assert (200, {"triggered": 2, "label": None}) == (queried.status_code, queried.json())
+    assert (200, {"triggered": 1, "label": "/b", "pending": 1, "capped": False}) == (
+        labelled.status_code,
+        labelled.json(),
+    )
+    assert (200, {"triggered": 2, "label": None, "pending": 2, "capped": False}) == (
+        queried.status_code,
+        queried.json(),
+    )
     got = [(c.label, c.policy) for c in cap.calls]
     assert [
         ("/a", "every:1000000000"),
@@ -100,7 +106,10 @@ def test_token_from_the_environment_and_a_custom_path(monkeypatch: pytest.Monkey
         wrong = client.post("/admin/profile", headers=GOOD)
         default_path = client.post("/profkit/trigger", headers={"Authorization": "Bearer x"})
         schema = client.get("/openapi.json").json()
-    assert (200, {"triggered": 3, "label": "x"}) == (ok.status_code, ok.json())
+    assert (200, {"triggered": 3, "label": "x", "pending": 3, "capped": False}) == (
+        ok.status_code,
+        ok.json(),
+    )
     assert (401, 404) == (wrong.status_code, default_path.status_code)
     assert "/admin/profile" not in schema["paths"]  # an admin route: not advertised
 
