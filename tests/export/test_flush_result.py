@@ -160,3 +160,20 @@ def test_shutdown_with_a_stuck_exporter_counts_the_window_in_flight() -> None:
         stuck.release.set()
     time.sleep(0.3)  # the worker finishes the window: it is not counted twice
     assert _balanced(profkit.stats()), profkit.stats()
+
+
+def test_calls_into_a_shut_down_provider_are_dropped_not_exported() -> None:
+    """However the provider is shut down, spans made after that count as dropped."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    profkit.configure(**_settings(), exporters=("otel",), tracer_provider=provider)  # type: ignore[arg-type]
+    _calls(2)
+    assert profkit.force_flush(10.0) is True
+    delivered = len(spans.get_finished_spans())
+    provider.shutdown()
+    _calls(3)
+    assert profkit.force_flush(10.0) is False
+    stats = profkit.stats()
+    assert stats["exported"] == delivered == 2
+    assert stats["dropped_reasons"] == {"provider_shut_down": 3}
