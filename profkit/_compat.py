@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +26,9 @@ __all__ = [
     "peek_count",
     "profiler_enabled_here",
     "profiler_flag",
+    "provider_shut_down",
+    "register_before_exit",
+    "watch_provider_shutdown",
 ]
 
 
@@ -73,3 +79,70 @@ def profiler_enabled_here() -> bool:
     """``torch._C._autograd._profiler_enabled()``: a profiler records this thread (it does
     not see an all-threads profiler; torch 2.13)."""
     return bool(torch._C._autograd._profiler_enabled())
+
+
+#: providers whose span processors were shut down (seen by :func:`watch_provider_shutdown`)
+_shut_down: weakref.WeakSet[Any] = weakref.WeakSet()
+#: the span processors already watched (a provider seen again is not wrapped twice)
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+_watch_lock = threading.Lock()
+
+
+def watch_provider_shutdown(provider: Any) -> None:
+    """Note when an SDK ``TracerProvider`` shuts down, however it is shut down.
+
+    ``TracerProvider.shutdown()`` (called by the provider's own exit hook, which holds the
+    bound method, or by the application) calls ``self._active_span_processor.shutdown()``,
+    looked up at call time (opentelemetry-sdk 1.25-1.45): that instance attribute is
+    wrapped, once, to mark the provider shut down before its processors stop. Any other
+    provider (the API's no-op or proxy one, a vendor's) is left alone.
+    """
+    processor = getattr(provider, "_active_span_processor", None)
+    original = getattr(processor, "shutdown", None)
+    if processor is None or original is None or not callable(original):
+        return
+    with _watch_lock:
+        try:
+            if processor in _watched:
+                return
+            ref = weakref.ref(provider)
+        except TypeError:  # not weakly referenceable: not the SDK's
+            return
+
+        def shutdown(*args: Any, **kwargs: Any) -> Any:
+            owner = ref()
+            if owner is not None:
+                _shut_down.add(owner)
+            return original(*args, **kwargs)
+
+        try:
+            processor.shutdown = shutdown
+        except (AttributeError, TypeError):
+            return
+        _watched.add(processor)
+
+
+def provider_shut_down(provider: Any) -> bool:
+    """Whether ``provider`` was shut down since :func:`watch_provider_shutdown` saw it."""
+    try:
+        return provider in _shut_down
+    except TypeError:
+        return False
+
+
+def register_before_exit(callback: Callable[[], None]) -> bool:
+    """Run ``callback`` when the interpreter begins to exit, before every ``atexit`` hook.
+
+    ``threading._register_atexit`` (CPython 3.9-3.14, what ``concurrent.futures`` uses):
+    its callbacks run in ``threading._shutdown``, before non-daemon threads are joined and
+    before ``atexit``'s hooks, whatever order those were registered in. False when it is
+    missing or the interpreter already exits.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return False
+    try:
+        register(callback)
+    except RuntimeError:
+        return False
+    return True

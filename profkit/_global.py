@@ -47,6 +47,8 @@ class _Last:
 
 _last = _Last()
 _RETIRE_TIMEOUT = 5.0
+#: seconds the exit flush may take (before the atexit hooks), and the exit shutdown after it
+_EXIT_FLUSH_S = 2.0
 
 
 class _Unset(enum.Enum):
@@ -127,13 +129,15 @@ def configure(
 def install(session: Session | None) -> Session | None:
     """Make ``session`` the global one (started first); returns the one it replaced.
 
-    Where a session starts, its hooks are installed: the exit flush and the fork reset
-    (here), torch's profiler hooks (``Session.start``) and the trigger signal (on the
+    Where a session starts, its hooks are installed: the exit flush (ahead of every
+    ``atexit`` hook, a TracerProvider's own shutdown included), the exit shutdown and the
+    fork reset (here), torch's profiler hooks (``Session.start``) and the trigger signal (on the
     caller's thread: Python installs handlers on the main thread only), which also puts back
     what an earlier ``trigger_signal`` replaced. ``None`` takes the signal handler back.
     """
     if session is not None:
         _hooks.at_exit(_at_exit)
+        _hooks.before_exit(_before_exit)
         _hooks.at_fork_in_child("global", _after_fork_in_child)
         session.start()
     try:
@@ -228,6 +232,7 @@ def shutdown(timeout: float = 5.0) -> bool:
         _foreign.remove_hooks()
         if not _foreign.window_held():  # (else the exit still has a window to stop)
             _hooks.cancel_at_exit(_at_exit)
+        _hooks.cancel_at_exit(_before_exit)
     return flushed
 
 
@@ -237,6 +242,18 @@ def forget() -> None:
         _last.session = None
         if GLOBAL.session is None:
             DEFAULT.counters = None
+
+
+def _before_exit() -> None:
+    """As the interpreter begins to exit: export what is queued while the span exporters
+    and TracerProviders still run (their own exit hooks shut them down later)."""
+    session = get_session()
+    if session is not None:
+        try:
+            session.close_idle_window()
+            session.force_flush(_EXIT_FLUSH_S)
+        except Exception as exc:  # never turn interpreter exit into a traceback
+            _errors.log.debug("profkit: flush at exit failed: %r", exc)
 
 
 def _at_exit() -> None:

@@ -8,8 +8,15 @@ streamed bodies through Starlette's iteration, as in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -161,3 +168,51 @@ def test_wrong_decorator_order_is_what_instrument_app_avoids() -> None:
     with capture(sample_every=1) as cap, serve(app) as url:
         assert [(200, '{"x":1}')] == _get_all(url, ["/x"])
     assert 0 == cap.stats["root_calls"]
+
+
+@pytest.mark.slow
+def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Path) -> None:
+    """uvicorn's graceful shutdown runs the app's lifespan: profkit flushes there, first."""
+    script = Path(__file__).parent / "scripts" / "serving_sigterm_flush.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")) if p
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port_file = tmp_path / "port"
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}/work"
+        with httpx.Client(timeout=10) as client:
+            for _ in range(60):  # a server socket bound but not yet listening refuses
+                with contextlib.suppress(httpx.ConnectError):
+                    client.get(url)
+                    break
+                time.sleep(0.05)
+            (tmp_path / "hold").touch()  # the span exporter waits: windows queue up
+            for _ in range(10):
+                assert 200 == client.get(url).status_code
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        (tmp_path / "hold").unlink()  # the exporter goes on, during the shutdown
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (tmp_path / "stats").exists(), err[-2000:]
+    stats = json.loads((tmp_path / "stats").read_text())
+    spans = (tmp_path / "spans").read_text().splitlines()
+    assert stats["sampled"] >= 10, stats
+    assert stats["sampled"] == stats["exported"] + stats["dropped"], stats
+    assert stats["exported"] == spans.count("/work"), (stats, len(spans))

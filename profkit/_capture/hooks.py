@@ -24,11 +24,13 @@ from typing import Any
 
 import torch.autograd.profiler as _autograd_profiler
 
+from .._compat import register_before_exit
 from .profiler import ours_starting
 
 __all__ = [
     "at_exit",
     "at_fork_in_child",
+    "before_exit",
     "cancel_at_exit",
     "install_profiler_hooks",
     "profiler_hooked",
@@ -44,6 +46,8 @@ class _State:
     fork_callbacks: dict[str, Callable[[], None]] = {}  # noqa: RUF012  (module state)
     fork_registered = False
     exit_callbacks: list[Callable[[], None]] = []  # noqa: RUF012
+    before_exit_callbacks: list[Callable[[], None]] = []  # noqa: RUF012
+    before_exit_registered = False
 
 
 _state = _State()
@@ -117,8 +121,29 @@ def at_exit(callback: Callable[[], None]) -> None:
 
 
 def cancel_at_exit(callback: Callable[[], None]) -> None:
-    """Take ``callback`` off the interpreter's exit hooks."""
+    """Take ``callback`` off the interpreter's exit hooks (and off those before them)."""
     with _lock:
         if callback in _state.exit_callbacks:
             _state.exit_callbacks.remove(callback)
             atexit.unregister(callback)
+        if callback in _state.before_exit_callbacks:
+            _state.before_exit_callbacks.remove(callback)
+
+
+def before_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback`` as the interpreter begins to exit, ahead of every ``atexit`` hook
+    (an OpenTelemetry ``TracerProvider``'s own shutdown among them, whenever it was made).
+
+    One dispatcher is registered with the first callback (it cannot be taken back) and runs
+    what is registered here then; :func:`cancel_at_exit` takes a callback off.
+    """
+    with _lock:
+        if callback not in _state.before_exit_callbacks:
+            _state.before_exit_callbacks.append(callback)
+        if not _state.before_exit_registered:
+            _state.before_exit_registered = register_before_exit(_run_before_exit)
+
+
+def _run_before_exit() -> None:
+    for callback in list(_state.before_exit_callbacks):
+        callback()

@@ -15,10 +15,12 @@ import inspect
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._config import Config
+from .. import _compat
+from .._config import Config, ProfkitConfigWarning
 from .._deadline import Deadline
 from .._model import WindowSummary
 from .._stats import Stats
@@ -78,7 +80,11 @@ def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]
     out: list[Exporter] = []
     for name in config.exporters:
         if name == "otel":
-            spans = SpanExporter(config.tracer_provider)
+            spans = SpanExporter(
+                config.tracer_provider,
+                watch=_compat.watch_provider_shutdown,
+                shut_down=_compat.provider_shut_down,
+            )
         elif name == "log":
             out.append(LogExporter(config.logger))
         elif name == "console":
@@ -165,37 +171,61 @@ class Fanout:
         self._timeout = export_timeout
         self._spans = _Runner(spans, stats) if spans is not None else None
         self._runners = [_Runner(e, stats) for e in exporters]
+        self._warned_no_provider = False
 
     def _all(self) -> list[_Runner]:
         return ([self._spans] if self._spans is not None else []) + self._runners
 
-    def export(self, summary: WindowSummary) -> tuple[int, str | None]:
-        """Spans first, then every exporter: (calls delivered, why the others were not).
+    def export(self, summary: WindowSummary) -> tuple[int, str | None, bool]:
+        """Spans first, then every exporter: (calls delivered, why the others were not,
+        whether every exporter and the span step took every call).
 
         A call is delivered when every exporter took it and it reached at least one place:
         a recording span, or an exporter (log events, console, yours). A failing exporter
-        fails the window's calls (the last failure is the reason), as before.
+        fails the window's calls (the last failure is the reason), as before. With no
+        exporter and no span step at all a call is delivered nowhere ("no_exporter").
         """
         failure = None
+        spans_ok = True
+        why_not = "span_not_recording"
         if self._spans is not None:
             spans = self._spans.exporter
             assert isinstance(spans, SpanExporter)
             ok, result = self._run(self._spans, functools.partial(spans.emit, summary))
             if ok:
                 summary = result  # calls now carry their span's trace and span ids
+                spans_ok = all(c.span_id for c in summary.calls)
+                why_not = spans.why_not_recording
+                if not spans_ok and spans.default_provider:
+                    self._warn_no_provider()
             else:
                 failure = result
+        if failure is not None:
+            spans_ok = False
         for runner in self._runners:
             ok, result = self._run(runner, functools.partial(runner.exporter.export, summary))
             if not ok:
                 failure = result
         if failure is not None:
-            return 0, failure
+            return 0, failure, False
         if self._runners:
-            return len(summary.calls), None
+            return len(summary.calls), None, spans_ok
         if self._spans is None:
-            return 0, "no_exporter"
-        return sum(1 for c in summary.calls if c.span_id), "span_not_recording"
+            return 0, "no_exporter", False
+        return sum(1 for c in summary.calls if c.span_id), why_not, spans_ok
+
+    def _warn_no_provider(self) -> None:
+        """Spans went to the API's default no-op provider: say so once per session."""
+        if not self._warned_no_provider:
+            self._warned_no_provider = True
+            warnings.warn(
+                "profkit: exporters includes 'otel' but no TracerProvider is set, so no span "
+                "is recorded and every sampled call is dropped (span_not_recording); set one "
+                "with opentelemetry.trace.set_tracer_provider() or pass "
+                "configure(tracer_provider=...)",
+                ProfkitConfigWarning,
+                stacklevel=2,
+            )
 
     def _run(self, runner: _Runner, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """(True, ``fn``'s result), or (False, the drop reason) when it failed or timed out."""

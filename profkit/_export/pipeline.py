@@ -7,8 +7,13 @@ each exporter), and a hung exporter is still cut off (see :mod:`profkit._export.
 
 Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported`` (it
 reached a recording span or an exporter took it), or ``dropped`` with a reason
-(``queue_full``, ``shutdown``, ``span_not_recording``, ``no_exporter``, or what processing
-and the exporters reported).
+(``queue_full``, ``shutdown``, ``span_not_recording``, ``provider_shut_down``,
+``no_exporter``, or what processing and the exporters reported). A window still being
+exported when shutdown gives up on the worker is counted ``shutdown`` there, and not again
+when the worker finishes it.
+
+:meth:`force_flush` and :meth:`shutdown` are True only when every window handed off since
+the previous call was exported by every exporter and the span step (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -66,8 +71,7 @@ class ExportPipeline:
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # orders offer() against shutdown()
         self._closed = False
-        self._pending = 0  # recorded calls handed off and not yet counted
-        self._count_lock = threading.Lock()
+        self._ledger = _Ledger(self.stats)
         self._idle = threading.Condition()  # the worker notifies, flush waits: no request
         self._windows_done = 0
         #: the worker's busy time (wall ns, all windows so far), and when the current window's
@@ -109,14 +113,15 @@ class ExportPipeline:
             if self._queue.qsize() >= self._queue_size:
                 self._drop(win, "queue_full", recorded)
                 return
-            with self._count_lock:  # counted and queued together: no check falls in between
-                self._pending += recorded
+            with self._ledger.lock:  # counted and queued together: no check falls in between
+                self._ledger.pending += recorded
                 self._queue.put(win)
             self._ensure_worker()
 
     def _drop(self, win: StoppedWindow, reason: str, recorded: int) -> None:
         win.release()
         if recorded:
+            self._ledger.lost = True
             self.stats.drop(reason, recorded)
 
     def start(self) -> None:
@@ -152,14 +157,11 @@ class ExportPipeline:
         cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
         recorded = win.recorded
         try:
-            exported, reason = 0, "worker_error"
+            exported, reason, complete = 0, "worker_error", False
             with guard(self.stats, "worker"):
-                exported, why = self._export(win)
+                exported, why, complete = self._export(win)
                 reason = why or "no_summary"  # recorded calls that left no summary
-            if exported:
-                self.stats.add("exported", exported)
-            if recorded > exported:
-                self.stats.drop(reason, recorded - exported)
+            self._ledger.count(recorded, exported, reason, complete)
         finally:
             try:
                 win.release()  # events and kineto results freed now, by reference counting
@@ -176,30 +178,34 @@ class ExportPipeline:
 
     def _settle(self, recorded: int) -> None:
         """``recorded`` handed-off calls are counted now; wake whoever flushes."""
-        with self._count_lock:
-            self._pending -= recorded
+        self._ledger.settle(recorded)
         with self._idle:
             self._idle.notify_all()
 
-    def _export(self, win: StoppedWindow) -> tuple[int, str | None]:
-        """Summarise and export one window: (calls delivered, why the others were not)."""
+    def _export(self, win: StoppedWindow) -> tuple[int, str | None, bool]:
+        """Summarise and export one window: (calls delivered, why the others were not,
+        whether every exporter and the span step took every call)."""
         summary = self.processor.summarise(win)
         if isinstance(summary, str):
-            return 0, summary
+            return 0, summary, False
         if not summary.calls:
-            return 0, None
+            return 0, None, win.recorded == 0
         return self.fanout.export(summary)
 
     # -- control ----------------------------------------------------------------------------
 
     def force_flush(self, deadline: Deadline) -> bool:
-        """Wait until every handed-off window is counted, then flush the exporters."""
+        """Wait until every handed-off window is counted, then flush the exporters; True
+        when all flushed and every window handed off since the last call was exported."""
+        counted = True
         with self._idle:
-            while self._pending > 0:
+            while self._ledger.pending > 0:
                 if deadline.passed:
-                    return False
+                    counted = False
+                    break
                 self._idle.wait(deadline.wait_arg())
-        return self.fanout.flush(deadline)
+        flushed = counted and self.fanout.flush(deadline)
+        return not self._ledger.take_lost() and flushed
 
     def shutdown(self, deadline: Deadline) -> bool:
         """Flush, then stop the worker and the exporters; True when everything was exported.
@@ -217,6 +223,8 @@ class ExportPipeline:
         if worker is not None:
             self._queue.put(_STOP)  # closed: nothing is queued after it
             worker.join(deadline.wait_arg())
+            if worker.is_alive() and self._ledger.abandon():
+                flushed = False
         self.fanout.shutdown(deadline)
         return flushed
 
@@ -233,6 +241,52 @@ class ExportPipeline:
                 self._drop(item, "shutdown", n)  # type: ignore[arg-type]
                 total += n
                 self._settle(n)
+
+
+class _Ledger:
+    """The calls handed off and not counted yet, and whether a window was lost since the
+    last flush (not exported by every exporter); ``lock`` guards them."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.lost = False
+        #: shutdown gave up on the window in flight and counted its calls ("shutdown")
+        self.abandoned = False
+
+    def count(self, recorded: int, exported: int, reason: str, complete: bool) -> None:
+        """Count a window's calls, unless shutdown already counted them (abandoned)."""
+        with self.lock:
+            if self.abandoned:
+                return
+            if recorded and (recorded > exported or not complete):
+                self.lost = True
+            if exported:
+                self.stats.add("exported", exported)
+            if recorded > exported:
+                self.stats.drop(reason, recorded - exported)
+
+    def settle(self, recorded: int) -> None:
+        with self.lock:
+            if not self.abandoned:
+                self.pending -= recorded
+
+    def take_lost(self) -> bool:
+        """Whether a window was lost since this was last asked."""
+        with self.lock:
+            lost, self.lost = self.lost, False
+        return lost
+
+    def abandon(self) -> int:
+        """Count the calls of the window the worker is still exporting as dropped
+        ("shutdown"); the worker then leaves them uncounted. Returns how many."""
+        with self.lock:
+            left, self.pending = self.pending, 0
+            self.abandoned = True
+            if left > 0:
+                self.stats.drop("shutdown", left)
+        return max(left, 0)
 
 
 def _call_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:

@@ -11,7 +11,7 @@ summary was built (:mod:`profkit._text`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -149,25 +149,54 @@ class SpanExporter(Exporter):
 
     name = "otel"
 
-    def __init__(self, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        tracer_provider: Any = None,
+        *,
+        watch: Callable[[Any], None] = lambda provider: None,
+        shut_down: Callable[[Any], bool] = lambda provider: False,
+    ) -> None:
         self._provider = tracer_provider
         #: (provider, its tracer): a provider's ``get_tracer`` builds a new object each time
         self._cached: tuple[Any, trace.Tracer] | None = None
+        #: ``watch(provider)``, once per provider: note when it shuts down; ``shut_down(
+        #: provider)``: whether it did (spans made after that reach no exporter)
+        self._watch = watch
+        self._shut_down = shut_down
+        #: after :meth:`emit`: why calls without ids have none ("span_not_recording", or
+        #: "provider_shut_down"), and whether no provider was given or set (the API's proxy)
+        self.why_not_recording = "span_not_recording"
+        self.default_provider = False
+        if tracer_provider is not None:
+            watch(tracer_provider)
 
-    def _tracer(self) -> trace.Tracer:
+    def _tracer(self) -> tuple[Any, trace.Tracer]:
         # the provider is resolved per export (the host may install its own after
         # profkit.configure()); its tracer is made once per provider
         provider = self._provider or trace.get_tracer_provider()
         cached = self._cached
         if cached is None or cached[0] is not provider:
+            self._watch(provider)
             tracer = trace.get_tracer(TRACER_NAME, __version__, tracer_provider=provider)
             cached = self._cached = (provider, tracer)
-        return cached[1]
+        return cached
 
     def emit(self, summary: WindowSummary) -> WindowSummary:
-        """Emit the spans; returns the summary with each call's trace and span ids filled in."""
-        tracer = self._tracer()
+        """Emit the spans; returns the summary with each call's trace and span ids filled in.
+
+        A call gets no ids when its span did not record (a no-op provider, a sampler that
+        dropped it) or when the provider was shut down by the time the span ended.
+        """
+        provider, tracer = self._tracer()
+        # none given and none set: the API's proxy, which records nothing
+        self.default_provider = self._provider is None and isinstance(
+            provider, trace.ProxyTracerProvider
+        )
         calls = [self._export_call(tracer, call) for call in summary.calls]
+        self.why_not_recording = "span_not_recording"
+        if self._shut_down(provider):  # asked after the spans ended: none slips through
+            self.why_not_recording = "provider_shut_down"
+            calls = [dataclasses.replace(c, trace_id="", span_id="") for c in calls]
         return dataclasses.replace(summary, calls=tuple(calls))
 
     def export(self, summary: WindowSummary) -> None:

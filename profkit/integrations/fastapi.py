@@ -22,6 +22,12 @@ The same convention as ``FastAPIInstrumentor.instrument_app`` and
 it again after ``include_router`` labels the routes added since. WebSocket routes and mounted
 sub-applications are left alone.
 
+It also flushes profkit when the application shuts down (its lifespan, the app's own
+shutdown code included, is wrapped once): under uvicorn, SIGTERM ends in a graceful
+shutdown and then re-raises the signal, so the process dies without running Python's exit
+hooks; what was sampled is exported first, before the app's own shutdown code (which may
+shut down its TracerProvider) runs.
+
 ``add_trigger_route(app, token=...)`` mounts an optional admin route, ``POST
 /profkit/trigger``, that calls :func:`profkit.trigger` for a caller with the token; nothing is
 mounted unless it is called.
@@ -29,9 +35,10 @@ mounted unless it is called.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -41,6 +48,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.routing import APIRoute
     from pydantic import BaseModel, Field, ValidationError
+    from starlette.concurrency import run_in_threadpool
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "profkit.integrations.fastapi needs FastAPI: pip install fastapi "
@@ -50,12 +58,24 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import _global
 from .._label.decorate import profiled
 
-__all__ = ["MAX_TRIGGER_N", "TOKEN_ENV", "add_trigger_route", "instrument_app"]
+__all__ = [
+    "MAX_TRIGGER_N",
+    "SHUTDOWN_FLUSH_S",
+    "TOKEN_ENV",
+    "add_trigger_route",
+    "instrument_app",
+]
 
 _WRAPPERS: dict[int, Any] = {}
 """The endpoint wrappers made so far, by id (kept alive so that ids stay unique): a call
 that FastAPI already calls through one of them is not wrapped twice; nor is profkit's own
 admin endpoint (``add_trigger_route``), never a root call."""
+
+_FLUSHING: dict[int, Any] = {}
+"""The routers whose lifespan already flushes profkit on shutdown, by id (kept alive so that
+ids stay unique; wrapped once)."""
+#: seconds the flush on application shutdown may take
+SHUTDOWN_FLUSH_S = 5.0
 
 #: the environment variable ``add_trigger_route`` reads its token from, when not given one
 TOKEN_ENV = "PROFKIT_TRIGGER_TOKEN"
@@ -80,12 +100,32 @@ def instrument_app(
     Returns:
         How many routes were labelled by this call (0 when all already were).
     """
+    _flush_on_shutdown(app)
     skip = set(exclude)
     labelled = 0
     for path, dependant in _api_routes(app):
         if path not in skip and _label(path, dependant, attributes):
             labelled += 1
     return labelled
+
+
+def _flush_on_shutdown(app: FastAPI) -> None:
+    """Wrap the app's lifespan once: on shutdown, flush profkit before the app's own code."""
+    router = app.router
+    if id(router) in _FLUSHING:
+        return
+    inner = router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
+        async with inner(asgi_app) as state:
+            try:
+                yield state
+            finally:  # the server stopped taking requests and finished those in flight
+                await run_in_threadpool(_global.force_flush, SHUTDOWN_FLUSH_S)
+
+    router.lifespan_context = lifespan
+    _FLUSHING[id(router)] = router
 
 
 def _api_routes(app: FastAPI) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,21 @@
+"""Exit without shutdown(): every sampled call counted exported reached the provider's
+exporter, or was counted dropped, whichever exit hook (profkit's, the provider's) runs first."""
+
+from __future__ import annotations
+
+import pytest
+from fresh_interpreter import run_fresh
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.mark.parametrize("kind", ["simple", "batch"])
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_exit_without_shutdown_delivers_what_it_counts(order: str, kind: str) -> None:
+    rc, report, err = run_fresh("exit_otel_provider_order", order, kind)
+    assert 0 == rc, err[-2000:]
+    stats = report["stats"]
+    assert stats["sampled"] > 0, stats
+    assert stats["sampled"] == stats["exported"] + stats["dropped"], stats
+    assert report["delivered"] == stats["exported"], (report, stats)
+    assert 0 == stats["dropped"], stats  # the provider was alive when profkit flushed
