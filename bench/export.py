@@ -104,7 +104,9 @@ def _time_windows(session: Session, windows: list[Any]) -> dict[str, Any]:
         t1 = time.perf_counter()
         summary = processor.summarise(win)
         t2 = time.perf_counter()
-        delivered, failure = (0, summary) if isinstance(summary, str) else fanout.export(summary)
+        delivered, failure, _ = (
+            (0, summary, False) if isinstance(summary, str) else fanout.export(summary)
+        )
         t3 = time.perf_counter()
         if isinstance(summary, str) or delivered < len(summary.calls):
             raise RuntimeError(f"window not exported: {failure}")
