@@ -51,6 +51,7 @@ def test_all_threads_window_idle_on_a_live_thread_at_exit() -> None:
     assert report["flag"] is True  # the window really was open when exit began
 
 
+@pytest.mark.slow  # (10 s: a daemon thread's window in flight as the interpreter exits)
 def test_window_in_flight_on_a_daemon_thread_at_exit() -> None:
     """Exit while a sampled call runs on a daemon thread (thread-local profiler): status 0."""
     rc, report, err = run_fresh("exit_window_in_flight_daemon")
