@@ -12,8 +12,7 @@ need a quiet sampler spend that call first.
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import structlog
 import torch
+from _tasks import as_another_task
 from fastapi import FastAPI
 from live_server import serve
 from opentelemetry import baggage, propagate, trace
@@ -144,7 +144,7 @@ def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> No
             assert held is not None
             assert held.speculative
             with _baggage():  # another task's call on this thread, while the window records
-                _as_another_task(lambda: predict(X))
+                as_another_task(lambda: predict(X))
 
         holder()
         assert SLOT.held is None  # its calls ended: closed, exported now
@@ -153,17 +153,6 @@ def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> No
     s = profkit.stats()
     assert s["sampled"] == s["exported"] == 2
     assert s["speculative"] == s["speculative_released"] == 1
-
-
-def _as_another_task(fn: Callable[[], T]) -> T:
-    """``fn`` as another task on this thread would run it: the caller's context (its OTel
-    context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
-
-    def run() -> T:
-        profkit._label.scope.FRAME.set(None)
-        return fn()
-
-    return contextvars.copy_context().run(run)
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:

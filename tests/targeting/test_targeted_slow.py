@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import math
 import random
 import threading
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
+from _tasks import as_another_task
 
 import profkit
 from profkit._capture.slot import SLOT
@@ -198,17 +198,6 @@ def other() -> float:
     return float(torch.ones(8).sum())
 
 
-def _as_another_task(fn: Callable[[], T]) -> T:
-    """``fn`` as another task on this thread would run it: the caller's context (its OTel
-    context, its baggage) without the caller's profkit scope, so its profkit call is a root."""
-
-    def run() -> T:
-        profkit._label.scope.FRAME.set(None)
-        return fn()
-
-    return contextvars.copy_context().run(run)
-
-
 def _in_speculative_window(body: Callable[[], T], pick: bool = True) -> T:
     """The sampler's pick, then a speculative window opened by a call (slow_ms: at once) that
     runs ``body`` while it is open, in a fresh context on the same thread, as another task
@@ -222,7 +211,7 @@ def _in_speculative_window(body: Callable[[], T], pick: bool = True) -> T:
         held = SLOT.held
         assert held is not None
         assert held.speculative
-        return _as_another_task(body)
+        return as_another_task(body)
 
     result = holder()
     assert SLOT.held is None  # its calls ended: closed, not left open on an idle thread
