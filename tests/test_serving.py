@@ -74,7 +74,7 @@ def _storm_rows_hold(rows: list[dict[str, Any]]) -> None:
     """Each storm: every timeout reached the caller, every sampled call one outcome."""
     for row in rows:
         assert row["fired"] >= 1500, row  # the timers did hit, as often as asked
-        assert row["fired"] == row["caught"], row  # every timeout reached the caller
+        assert row["fired"] == row["caught"], row["lost_at"]  # every timeout reached the caller
         assert row["sampled"] == row["outcomes"], row  # exported, dropped or skipped: once
         assert row["exported"] == row["captured"], row  # exported means the exporter has it
         # a speculative call is released or kept as slow, or lost with its window (counted)

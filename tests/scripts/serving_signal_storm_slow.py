@@ -28,11 +28,18 @@ class RequestTimeout(Exception):
 
 
 fired = 0
+#: where the last timeout landed: the interrupted frame and its callers (file:line function)
+landed: list[str] = []
 
 
 def on_alarm(signum: int, frame: FrameType | None, why: str = "timed out") -> None:
-    global fired
+    global fired, landed
     fired += 1
+    landed = []
+    while frame is not None and len(landed) < 8:
+        code = frame.f_code
+        landed.append(f"{code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
     raise RequestTimeout(why)
 
 
@@ -83,8 +90,10 @@ for storm in range(storms):
         handler(rng.random() < 0.1)
     profkit.force_flush(20)
     fired = caught = calls = 0
+    lost_at = []  # where each timeout that did not reach the caller landed
     while fired < timeouts and calls < 20 * timeouts:
         calls += 1
+        before, raised = fired, False
         try:
             try:
                 signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00003, 0.006))
@@ -93,6 +102,9 @@ for storm in range(storms):
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except RequestTimeout:
             caught += 1
+            raised = True
+        if fired > before and not raised:
+            lost_at.append(landed)
     flushed = profkit.force_flush(30)
     s = profkit.stats()
     policies = Counter(c.policy for c in cap.calls)
@@ -113,6 +125,7 @@ for storm in range(storms):
             slow=policies.get("slow", 0),
             dropped=dict(s["dropped_reasons"]),
             errors=dict(s["error_reasons"]),
+            lost_at=lost_at,
             frame=repr(profkit._label.scope.FRAME.get()),
             enabled=bool(torch._C._autograd._profiler_enabled()),
             shut=profkit.shutdown(10) or True,
