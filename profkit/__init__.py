@@ -7,6 +7,7 @@ as OpenTelemetry spans and structlog events.
 
 from ._config import Config, ProfkitConfigWarning
 from ._global import configure, force_flush, get_config, shutdown, stats, trigger
+from ._label.batch import BatchMember, batch, batch_member
 from ._label.decorate import profiled, region
 from ._model import (
     CallSummary,
@@ -22,6 +23,7 @@ from ._version import __version__
 from .exporters import Exporter
 
 __all__ = [
+    "BatchMember",
     "CallSummary",
     "CodeInfo",
     "Config",
@@ -34,6 +36,8 @@ __all__ = [
     "StatsSnapshot",
     "WindowSummary",
     "__version__",
+    "batch",
+    "batch_member",
     "configure",
     "force_flush",
     "get_config",
