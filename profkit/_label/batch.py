@@ -44,20 +44,34 @@ _BAGGAGE = Policy.BAGGAGE
 class BatchMember:
     """A request's part in a batch: what :func:`batch_member` returns, for :class:`batch`."""
 
-    __slots__ = ("asked", "span_context")
+    __slots__ = ("_span", "asked")
 
-    def __init__(self, span_context: Any, asked: bool) -> None:
-        self.span_context = span_context
+    _span: Any
+    asked: bool
+    """Something asked for this request to be profiled (baggage, a trigger)."""
+
+    @property
+    def span_context(self) -> Any:
         """The OTel ``SpanContext`` active when the token was taken (None: no span)."""
-        self.asked = asked
-        """Something asked for this request to be profiled (baggage, a trigger)."""
+        return self._span.get_span_context() if self._span is not None else None
 
     def __repr__(self) -> str:
         return f"<profkit.BatchMember span={self.span_context!r} asked={self.asked}>"
 
 
+_alloc = object.__new__
+
+
+def _token(span: Any, asked: bool) -> BatchMember:
+    """A token without ``__init__``'s frame (its two slots set in place)."""
+    token: BatchMember = _alloc(BatchMember)
+    token._span = span
+    token.asked = asked
+    return token
+
+
 #: the token of a request with no active span that asked for nothing: shared, no allocation
-_NOTHING = BatchMember(None, False)
+_NOTHING = _token(None, False)
 
 
 def batch_member() -> BatchMember:
@@ -70,16 +84,20 @@ def batch_member() -> BatchMember:
     """
     try:
         otel = otel_current()
-        span = otel.get(SPAN_KEY) if otel else None
         frame = FRAME.get()
         asked = frame is not None and frame is not OFF and _asked_by_call(frame.call)
         if otel and not asked:
-            session = GLOBAL.session
-            if session is not None and session.config.baggage_trigger:
+            session = GLOBAL.session  # the decision's own baggage flag: one read when off
+            if session is not None and session._baggage:
                 asked = asks_to_profile(otel)
+        span = otel.get(SPAN_KEY) if otel else None
         if span is None and not asked:
             return _NOTHING
-        return BatchMember(span.get_span_context() if span is not None else None, asked)
+        # the span, not its context: its context is read only if the batch is profiled
+        token: BatchMember = _alloc(BatchMember)
+        token._span = span
+        token.asked = asked
+        return token
     except Exception as exc:
         session = GLOBAL.session
         if session is None:
