@@ -10,6 +10,8 @@ from ._global import configure, force_flush, get_config, shutdown, stats, trigge
 from ._label.batch import BatchMember, batch, batch_member
 from ._label.decorate import profiled, region
 from ._model import (
+    BatchMemberSummary,
+    BatchSummary,
     CallSummary,
     CodeInfo,
     Diagnosis,
@@ -24,6 +26,8 @@ from .exporters import Exporter
 
 __all__ = [
     "BatchMember",
+    "BatchMemberSummary",
+    "BatchSummary",
     "CallSummary",
     "CodeInfo",
     "Config",

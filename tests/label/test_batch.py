@@ -378,3 +378,20 @@ def test_without_a_session_batching_is_free_and_silent() -> None:
     with profkit.batch("forward", [member, None]):
         pass
     assert 0 == profkit.stats()["root_calls"]
+
+
+def test_an_error_in_the_forward_reaches_the_batcher_and_the_spans(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """The forward's exception propagates unchanged; the batch span says ERROR, members exist."""
+    with batching(provider) as (cap, tracer):
+        with tracer.start_as_current_span("request"):
+            member = profkit.batch_member()
+        boom = RuntimeError("forward failed")
+        with pytest.raises(RuntimeError) as raised, profkit.batch("forward", [member]):
+            raise boom
+        assert raised.value is boom
+    batch, members = _batch_and_members(cap.spans(), "forward")
+    assert trace.StatusCode.ERROR == batch.status.status_code
+    assert 1 == len(members)
+    assert 0 == cap.stats["errors"]
