@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 import profkit
+from profkit.exporters.console import render_call
 from profkit.testing import Capture, capture
 
 pytestmark = pytest.mark.timeout(120)
@@ -315,6 +316,7 @@ def test_bad_members_and_weights_are_counted_never_raised(
     )
     _, weighted = _batch_and_members(spans, "weights")
     assert [0.5, 0.5] == [(m.attributes or {})["profkit.batch.share"] for m in weighted]
+    assert "batch of 2 requests, shares 0.5, 0.5" in render_call(cap.calls[1])
     assert [False, False] == [(m.attributes or {})["profkit.batch.weighted"] for m in weighted]
     assert (3, 2, 0) == (
         cap.stats["batch_members_invalid"],
