@@ -166,8 +166,11 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
         decision = NOT_PROFILED
         found: tuple[list[BatchMember], list[float] | None, bool] = ([], None, False)
         try:  # a failing decision is counted; the batch then runs unsampled
-            found = _valid(session.stats, members, weights)
             decision = session.begin_root(label, False)  # never timed nor speculative
+        except Exception as exc:
+            _errors.internal(session.stats, "begin_root", exc)
+        try:
+            found = _valid(session.stats, members, weights)
             if decision is NOT_PROFILED and found[2]:
                 decision = session.open_asked()
         except Exception as exc:

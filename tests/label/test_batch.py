@@ -397,3 +397,33 @@ def test_an_error_in_the_forward_reaches_the_batcher_and_the_spans(
     assert trace.StatusCode.ERROR == batch.status.status_code
     assert 1 == len(members)
     assert 0 == cap.stats["errors"]
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_a_failing_forced_open_is_counted_and_the_batch_runs(
+    provider: tuple[TracerProvider, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the forced open is counted (error "batch"); the batch itself runs unprofiled."""
+    with batching(provider, sample_every=QUIET) as (cap, _):
+        _quiet_session_first_call()
+        session = profkit._global.get_session()
+        assert session is not None
+
+        def broken() -> None:
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(session, "open_asked", broken)
+        profkit.trigger(1, label="handler")
+
+        @profkit.profiled("handler")
+        def handler() -> profkit.BatchMember:
+            return profkit.batch_member()
+
+        asked = handler()
+        ran = []
+        with profkit.batch("forward", [asked]):
+            ran.append(True)
+    assert [True] == ran
+    assert [] == _by_name(cap.spans(), "forward")
+    assert {"batch": 1} == cap.stats["error_reasons"]
+    assert 3 == cap.stats["root_calls"]
