@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from ._model import CodeInfo
+from ._model import BatchSummary, CodeInfo
 
 __all__ = ["CallRecord", "Policy", "ScopeRecord", "StoppedWindow"]
 
@@ -127,6 +127,8 @@ class CallRecord:
     counted: int = 0
     """Which steps of its accounting are done (``profkit._stats.JOINED``, ...): each is
     counted once, however often an interrupted step is retried."""
+    batch: BatchSummary | None = None
+    """A batch root call (``profkit.batch``): its members and their shares."""
 
     @classmethod
     def begin(cls, policy: Policy, parent: Any, sampler: str = "") -> CallRecord:

@@ -61,6 +61,13 @@ class StatsSnapshot(TypedDict):
     """profkit's internal errors (counted, logged once per reason, never raised)."""
     otlp_spans_failed: int
     """Spans in OTLP batches that failed (reported by ``profkit.exporters.otlp``)."""
+    batch_members_unsampled: int
+    """Members of profiled batches that got no member span: their trace was not sampled (or
+    they had no span when ``batch_member()`` was called)."""
+    batch_members_invalid: int
+    """Members given to ``profkit.batch()`` that were not ``batch_member()`` tokens (left out)."""
+    batch_weights_invalid: int
+    """Batches whose ``weights`` could not be used (equal shares instead)."""
     dropped_reasons: dict[str, int]
     error_reasons: dict[str, int]
     overhead: float
@@ -197,6 +204,9 @@ class Stats:
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),
+            batch_members_unsampled=counts.get("batch_members_unsampled", 0),
+            batch_members_invalid=counts.get("batch_members_invalid", 0),
+            batch_weights_invalid=counts.get("batch_weights_invalid", 0),
             dropped_reasons=dropped,
             error_reasons=errors,
             overhead=self.cpu.share(),
