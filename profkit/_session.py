@@ -88,11 +88,19 @@ class Session(Decider):
         book = self._book
         self.timed = metrics.timed if book is None else _Both(book.note_since, metrics.timed)
 
-    def _begin_timed(self, label: str, speculate: bool = True) -> Decision:
-        """:meth:`Decider.decide`, with a call it leaves off timed from before the decision."""
-        t0 = time.perf_counter_ns()
-        decision = Decider.decide(self, label, speculate)
-        return (TIMED, t0) if decision is OFF else decision
+    def _begin_timed(
+        self,
+        label: str,
+        speculate: bool = True,
+        _now: Any = time.perf_counter_ns,
+        _decide: Any = Decider.decide,
+        _off: Decision = OFF,
+    ) -> Decision:
+        """:meth:`Decider.decide`, with a call it leaves off timed from before the decision
+        (every name a default argument: no global read on every root call)."""
+        t0 = _now()
+        decision = _decide(self, label, speculate)
+        return (TIMED, t0) if decision is _off else decision
 
     # -- request path -----------------------------------------------------------------------
 
