@@ -42,7 +42,7 @@ from .._records import CallRecord
 from .._stats import Stats
 from .._version import __version__
 
-__all__ = ["MAX_LABELS", "MAX_OPS", "Metrics"]
+__all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "OP_BUCKETS_S", "Metrics"]
 
 #: distinct ``profkit.label`` values; later labels are recorded as "other"
 MAX_LABELS = 256
@@ -53,6 +53,15 @@ _HOLD_S = 10.0
 #: seconds between drains on the ``profkit-metrics`` thread
 DRAIN_S = 1.0
 _OTHER = "other"
+#: bucket bounds (s) of ``profkit.call.duration``: 0.5 ms to 10 s (the SDK's default
+#: bounds, 0 to 10000, are made for milliseconds)
+CALL_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: bucket bounds (s) of ``profkit.op.self_time``: 1 µs to 1 s
+OP_BUCKETS_S = (
+    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0,
+)  # fmt: skip
 _OUTCOMES = (
     "root_calls",
     "sampled",
@@ -79,12 +88,16 @@ class Metrics:
         provider = provider if provider is not None else otel_metrics.get_meter_provider()
         meter = provider.get_meter("profkit", __version__)
         self._duration = meter.create_histogram(
-            "profkit.call.duration", unit="s", description="Duration of profkit root calls"
+            "profkit.call.duration",
+            unit="s",
+            description="Duration of profkit root calls",
+            explicit_bucket_boundaries_advisory=CALL_BUCKETS_S,
         )
         self._self_time = meter.create_histogram(
             "profkit.op.self_time",
             unit="s",
             description="Self CPU time of an op in one exported profiled call",
+            explicit_bucket_boundaries_advisory=OP_BUCKETS_S,
         )
         meter.create_observable_counter(
             "profkit.calls",

@@ -71,6 +71,8 @@ def test_op_self_time_counts_exported_calls_and_duration_every_call(
     (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
     assert 30 == duration.count == stats["root_calls"]
     assert "s" == metrics["profkit.op.self_time"].unit == metrics["profkit.call.duration"].unit
+    assert max(duration.explicit_bounds) == 10.0  # seconds, not the SDK's millisecond bounds
+    assert min(addmm.explicit_bounds) == 1e-6
     ops = {p.attributes["profkit.op"] for p in metrics["profkit.op.self_time"].data.data_points}
     assert "other" in ops or len(ops) <= 10  # the top_k rows and "other": bounded
 
