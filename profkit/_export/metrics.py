@@ -26,11 +26,12 @@ per label, new ones are counted as ``other``.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -80,43 +81,107 @@ _OUTCOMES = (
 _EMPTY = otel_context.Context()
 
 
-class Metrics:
-    """One session's instruments, the hand-off from the request path, and the drain."""
+class _Instruments:
+    """One MeterProvider's profkit instruments, made once, and the sessions feeding them.
 
-    def __init__(self, provider: Any, stats: Stats) -> None:
-        self.stats = stats
-        provider = provider if provider is not None else otel_metrics.get_meter_provider()
-        meter = provider.get_meter("profkit", __version__)
-        self._duration = meter.create_histogram(
+    The SDK hands back the instrument already registered under a name, callbacks and all: a
+    second ``configure()`` on the same provider must feed the same instruments. The
+    counters report every session's counts added up (a retired session's final ones kept),
+    so that they never go down.
+    """
+
+    def __init__(self, meter: Any) -> None:
+        self.duration = meter.create_histogram(
             "profkit.call.duration",
             unit="s",
             description="Duration of profkit root calls",
             explicit_bucket_boundaries_advisory=CALL_BUCKETS_S,
         )
-        self._self_time = meter.create_histogram(
+        self.self_time = meter.create_histogram(
             "profkit.op.self_time",
             unit="s",
             description="Self CPU time of an op in one exported profiled call",
             explicit_bucket_boundaries_advisory=OP_BUCKETS_S,
         )
-        meter.create_observable_counter(
-            "profkit.calls",
-            callbacks=[self._observe_calls],
-            unit="{call}",
-            description="profkit root calls by outcome (stats())",
+        for name, unit, what in (
+            ("profkit.calls", "{call}", "profkit root calls by outcome (stats())"),
+            ("profkit.windows", "{window}", "Profiler windows opened"),
+            ("profkit.errors", "{error}", "profkit internal errors by reason"),
+        ):
+            callback = functools.partial(self._observe, name)
+            meter.create_observable_counter(name, [callback], unit=unit, description=what)
+        self._lock = threading.Lock()
+        self.live: list[Metrics] = []
+        self._retired: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = (
+            collections.Counter()
         )
-        meter.create_observable_counter(
-            "profkit.windows",
-            callbacks=[self._observe_windows],
-            unit="{window}",
-            description="Profiler windows opened",
-        )
-        meter.create_observable_counter(
-            "profkit.errors",
-            callbacks=[self._observe_errors],
-            unit="{error}",
-            description="profkit internal errors by reason",
-        )
+
+    def attach(self, metrics: Metrics) -> None:
+        with self._lock:
+            self.live.append(metrics)
+
+    def retire(self, metrics: Metrics) -> None:
+        """``metrics``' session shut down: its final counts stay in the totals."""
+        with self._lock:
+            if metrics in self.live:
+                self.live.remove(metrics)
+                self._retired.update(_counts(metrics.stats.snapshot()))
+
+    def _observe(self, name: str, options: Any) -> list[otel_metrics.Observation]:
+        with self._lock:
+            live = list(self.live)
+            totals = collections.Counter(self._retired)
+        if name == "profkit.calls":
+            for metrics in live:  # first: a collection sees every call that ended before it
+                metrics.drain()
+        for metrics in live:
+            totals.update(_counts(metrics.stats.snapshot()))
+        return [
+            otel_metrics.Observation(value, dict(attrs))
+            for (instrument, attrs), value in totals.items()
+            if instrument == name
+        ]
+
+
+def _counts(snap: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
+    """A ``stats()`` snapshot as (instrument, attributes) -> count."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {
+        ("profkit.calls", (("profkit.outcome", o),)): int(snap[o]) for o in _OUTCOMES
+    }
+    for reason, n in snap["dropped_reasons"].items():
+        out["profkit.calls", (("profkit.outcome", "dropped"), ("profkit.reason", reason))] = n
+    out["profkit.windows", ()] = int(snap["windows"])
+    for reason, n in snap["error_reasons"].items():
+        out["profkit.errors", (("profkit.reason", reason),)] = n
+    return out
+
+
+#: each MeterProvider's instruments (weakly: a provider the application drops goes)
+_BY_PROVIDER: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_BY_PROVIDER_LOCK = threading.Lock()
+
+
+def _instruments(provider: Any) -> _Instruments:
+    with _BY_PROVIDER_LOCK:
+        try:
+            found = _BY_PROVIDER.get(provider)
+        except TypeError:  # a provider that cannot be weakly referenced: no reuse
+            return _Instruments(provider.get_meter("profkit", __version__))
+        if found is None:
+            found = _Instruments(provider.get_meter("profkit", __version__))
+            _BY_PROVIDER[provider] = found
+        return found
+
+
+class Metrics:
+    """One session's hand-off from the request path to its provider's instruments."""
+
+    def __init__(self, provider: Any, stats: Stats) -> None:
+        self.stats = stats
+        provider = provider if provider is not None else otel_metrics.get_meter_provider()
+        self._instruments = _instruments(provider)
+        self._duration = self._instruments.duration
+        self._self_time = self._instruments.self_time
         self._lock = threading.Lock()  # one drain at a time
         #: ``(label, ns)`` of ended root calls, appended on the request path (lock-free)
         self._pending: collections.deque[tuple[str, int]] = collections.deque()
@@ -128,6 +193,7 @@ class Metrics:
         self._thread: threading.Thread | None = None
         reinit = weakref.WeakMethod(self.at_fork_reinit)
         os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
+        self._instruments.attach(self)
 
     def _init_state(self) -> None:
         self._pending.clear()
@@ -237,25 +303,6 @@ class Metrics:
                 self._ops_per_label[label] += 1
         return attrs
 
-    # -- the stats() counters ---------------------------------------------------------------
-
-    def _observe_calls(self, options: Any) -> Iterator[otel_metrics.Observation]:
-        self.drain()  # first: a collection sees every call that ended before it
-        snap = self.stats.snapshot()
-        counts: Any = snap
-        for outcome in _OUTCOMES:
-            yield otel_metrics.Observation(counts[outcome], {"profkit.outcome": outcome})
-        for reason, n in snap["dropped_reasons"].items():
-            attrs = {"profkit.outcome": "dropped", "profkit.reason": reason}
-            yield otel_metrics.Observation(n, attrs)
-
-    def _observe_windows(self, options: Any) -> Iterable[otel_metrics.Observation]:
-        return [otel_metrics.Observation(self.stats.snapshot()["windows"])]
-
-    def _observe_errors(self, options: Any) -> Iterable[otel_metrics.Observation]:
-        reasons = self.stats.snapshot()["error_reasons"]
-        return [otel_metrics.Observation(n, {"profkit.reason": r}) for r, n in reasons.items()]
-
     # -- control ----------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -266,6 +313,7 @@ class Metrics:
         """Flush and stop the drain thread (the MeterProvider is the application's)."""
         self._stop.set()
         self.flush()
+        self._instruments.retire(self)
 
     def at_fork_reinit(self) -> None:
         """In a forked child: the parent's measurements are the parent's; a new thread."""

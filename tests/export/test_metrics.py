@@ -210,3 +210,30 @@ def test_metrics_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert profkit.configure(exporters=()).metrics
     with pytest.raises(ValueError, match="meter_provider"):
         profkit.configure(meter_provider=object())
+
+
+def test_a_second_configure_on_the_same_provider_feeds_the_same_instruments(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """configure() twice on one provider: the counters add both sessions' calls up."""
+    provider = _provider(reader)
+    predict = _predictor(mlp)
+    profkit.configure(sample_every=5, exporters=("log",), metrics=True, meter_provider=provider)
+    for _ in range(10):
+        predict(batch)
+    assert profkit.force_flush(10.0)
+    profkit.configure(sample_every=5, exporters=("log",), metrics=True, meter_provider=provider)
+    for _ in range(15):
+        predict(batch)
+    assert profkit.force_flush(10.0)
+    profkit.shutdown(10.0)
+    metrics = _metrics(reader)
+    by_outcome = {
+        p.attributes["profkit.outcome"]: p.value
+        for p in metrics["profkit.calls"].data.data_points
+        if "profkit.reason" not in p.attributes
+    }
+    assert 25 == by_outcome["root_calls"]
+    assert 5 == by_outcome["exported"]
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    assert 25 == duration.count
