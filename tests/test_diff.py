@@ -71,10 +71,15 @@ def _two_runs(tmp_path: Path, calls: int) -> tuple[Path, Path]:
         x = torch.randn(32, 64)
         order = [old, new] * calls
         random.Random(1).shuffle(order)
-        with capture(sample_every=1, extra_exporters=[router]):
-            for predict in order:
-                predict(x)
-            assert profkit.force_flush(30.0)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # intra-op threads spinning on a busy machine: ms of noise
+        try:
+            with capture(sample_every=1, queue_size=1000, extra_exporters=[router]):
+                for predict in order:
+                    predict(x)
+                assert profkit.force_flush(30.0)
+        finally:
+            torch.set_num_threads(threads)
     return before_path, after_path
 
 
