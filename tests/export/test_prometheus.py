@@ -37,7 +37,8 @@ ADDMM = 'profkit_label="predict",profkit_op="aten::addmm"'
 
 if PROMETHEUS is None:
     pytest.skip(
-        "prometheus is not installed (apt-get install -y prometheus; .ci/run installs it)",
+        "prometheus is not installed (apt-get install -y prometheus; "
+        "scripts/setup-system installs it in CI)",
         allow_module_level=True,
     )
 
