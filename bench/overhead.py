@@ -28,6 +28,8 @@ US_LIMIT_REGION_ROOT = 1000.0
 US_LIMIT_CAPTURE_SLOW = 1500.0
 #: ``profkit.batch_member()`` in a request's span, off-sample (issue 24: 1 µs)
 US_LIMIT_BATCH_MEMBER = 1000.0
+#: metrics=True over metrics=False, off-sample, in the same run (issue 23)
+US_LIMIT_METRICS = 300.0
 
 
 def bare(x: Any) -> Any:
@@ -108,6 +110,45 @@ def _plain(fn: Callable[[Any], Any]) -> Callable[[int], float]:
     return run
 
 
+def _metrics_rounds(fn: Callable[[Any], Any], rounds: int, n: int) -> dict[str, list[float]]:
+    """``fn``'s off-sample cost under a session with metrics off and one with metrics on
+    (an SDK MeterProvider read by an in-memory reader; its drain thread runs as in service)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from profkit._config import build_config
+    from profkit._label.scope import GLOBAL
+    from profkit._session import Session
+
+    def session(**extra: Any) -> Session:
+        base = {"sample_every": 100, "max_per_minute": 1e-9, "exporters": ()}
+        made = Session(build_config({**base, **extra}))
+        made.start()
+        GLOBAL.session = made
+        fn(1)  # EveryN samples call 0 (the one window the cap allows)
+        made.force_flush(10.0)
+        return made
+
+    off = session()
+    on = session(metrics=True, meter_provider=MeterProvider([InMemoryMetricReader()]))
+
+    def under(made: Session) -> Callable[[int], float]:
+        def run(k: int) -> float:
+            GLOBAL.session = made
+            return batch_ns(fn, 1, k)
+
+        return run
+
+    try:
+        return interleaved(
+            {"bare": _plain(bare), "off": under(off), "on": under(on)}, rounds=rounds, n=n, seed=4
+        )
+    finally:
+        GLOBAL.session = None
+        off.shutdown(5.0)
+        on.shutdown(5.0)
+
+
 def measure(quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     rounds, n = (5, 1_000) if quick else (101, 3_000)
@@ -158,6 +199,10 @@ def measure(quick: bool) -> dict[str, Any]:
     slow_stats = profkit.stats()
     profkit.shutdown(5.0)
 
+    # metrics (issue 23): the same calls with metrics on and off in one run, each batch under
+    # its own session (swapped between batches, outside the timed loop)
+    fleet = _metrics_rounds(profiled_fn, rounds, n)
+
     added_prof = diffs(raw["profiled"], raw["bare"])
     added_rf = diffs(raw["record_function"], raw["bare"])
     rows = {
@@ -180,6 +225,9 @@ def measure(quick: bool) -> dict[str, Any]:
         "raw record_function (no profiler)": spread(added_rf),
         "profiled, off-sample root, capture_slow on": spread(diffs(slow["profiled"], slow["bare"])),
         "batch_member(), in a request's span": spread(diffs(raw["batch_member"], raw["span_bare"])),
+        "profiled, off-sample root, metrics off": spread(diffs(fleet["off"], fleet["bare"])),
+        "profiled, off-sample root, metrics on": spread(diffs(fleet["on"], fleet["bare"])),
+        "metrics on over metrics off": spread(diffs(fleet["on"], fleet["off"])),
     }
     ratio = spread([p / r for p, r in zip(added_prof, added_rf, strict=True)])
     return {
@@ -217,6 +265,11 @@ def measure(quick: bool) -> dict[str, Any]:
                 "value": rows["batch_member(), in a request's span"].median / 1000,
                 "limit": US_LIMIT_BATCH_MEMBER / 1000,
                 "ok": rows["batch_member(), in a request's span"].median <= US_LIMIT_BATCH_MEMBER,
+            },
+            "metrics_off_sample_added_us": {
+                "value": rows["metrics on over metrics off"].median / 1000,
+                "limit": US_LIMIT_METRICS / 1000,
+                "ok": rows["metrics on over metrics off"].median <= US_LIMIT_METRICS,
             },
             "region_root_off_sample_us": {
                 "value": rows["region, off-sample root"].median / 1000,

@@ -56,6 +56,10 @@ TARGETS = {
         "`batch_member()` in a request's span (off-sample), added to the bare call",
         "µs",
     ),
+    "metrics_off_sample_added_us": (
+        "Off-sample `@profiled` root call with `metrics=True`, over `metrics=False` (same run)",
+        "µs",
+    ),
     "sampled_overhead_ms": (
         "Sampled call on the MLP: start + stop + hand-off beyond per-op recording",
         "ms",
@@ -69,6 +73,10 @@ TARGETS = {
     "first_call_ratio_issue_2": ("Same, issue 2's limit", "x"),
     "worker_mlp_ms": ("Worker CPU per MLP window, OTel and structlog exporters included", "ms"),
     "worker_per_event_us": ("Worker CPU per event beyond that (1k to 10k events)", "µs"),
+    "worker_metrics_ratio": (
+        "Worker CPU per MLP window with `metrics=True` (SDK hand-off included) / without",
+        "x",
+    ),
     "backlog_skipped_not_dropped": (
         "Full queue: calls skipped before recording (skipped_backlog), none dropped",
         "",

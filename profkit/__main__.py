@@ -4,6 +4,8 @@
   client, 1 request in N profiled, each sampled call printed on stdout (:mod:`profkit._demo`).
 * ``python -m profkit report FILE...``: per label, a rollup of the JSON lines profkit wrote
   (samples, duration p50/p95, verdict counts, top ops by median self time) (:mod:`profkit._report`).
+* ``python -m profkit diff BEFORE AFTER``: per label, each op's and region's per-call time
+  before and after, the ratio and whether the change is significant (:mod:`profkit._diff`).
 * ``python -m profkit --version``.
 
 Nothing heavy is imported before a command is chosen.
@@ -18,11 +20,11 @@ from ._version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: ``demo`` and ``report`` sub-commands, ``--version``."""
-    from . import _demo, _report
+    """The command line: ``demo``, ``report`` and ``diff`` sub-commands, ``--version``."""
+    from . import _demo, _diff, _report
 
     parser = argparse.ArgumentParser(
-        prog="python -m profkit", description="profkit's demo and report tools."
+        prog="python -m profkit", description="profkit's demo, report and diff tools."
     )
     parser.add_argument("--version", action="version", version=f"profkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=_report.DESCRIPTION,
     )
     _report.add_arguments(report)
+    changes = sub.add_parser(
+        "diff",
+        help="what changed between two sets of profkit JSON lines, per label",
+        description=_diff.DESCRIPTION,
+    )
+    _diff.add_arguments(changes)
     return parser
 
 
@@ -48,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import _report
 
         return _report.run(args)
+    if args.command == "diff":
+        from . import _diff
+
+        return _diff.run(args)
     from . import _demo
 
     return _demo.run(args)

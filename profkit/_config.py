@@ -41,6 +41,7 @@ from ._settings import (
     KEY,
     LOGGER,
     MAX_COUNT,
+    METER_PROVIDER,
     PROVIDER,
     SIGNAL,
     Setting,
@@ -190,6 +191,14 @@ class Config:
     tracer_provider: Any = field(default=None, metadata=PROVIDER)
     """OTel TracerProvider for spans, flushed by profkit's flushes; None uses the global one,
     which profkit never flushes."""
+
+    metrics: bool = field(default=False, metadata=FLAG)
+    """OpenTelemetry metrics: ``profkit.call.duration`` of every root call, ``profkit.op.self_time``
+    of each exported call's op rows, the ``stats()`` counters (see Fleet view)."""
+
+    meter_provider: Any = field(default=None, metadata=METER_PROVIDER)
+    """OTel MeterProvider for ``metrics``; None uses the global one. No profkit instrument is
+    made on any provider while ``metrics`` is off."""
 
     logger: Any = field(default=None, metadata=LOGGER)
     """structlog-style logger (``info``, ``warning``) for events; None uses

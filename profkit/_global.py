@@ -21,6 +21,7 @@ from ._targeting import signals as _signals
 from .exporters._counters import DEFAULT
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
     from .exporters import Exporter
@@ -99,6 +100,8 @@ def configure(
     input_bound_share: float | _Unset = UNSET,
     compute_bound_top2_share: float | _Unset = UNSET,
     tracer_provider: TracerProvider | _Unset | None = UNSET,
+    metrics: bool | _Unset = UNSET,
+    meter_provider: MeterProvider | _Unset | None = UNSET,
     logger: Any = UNSET,
     extra_exporters: Sequence[Exporter] | _Unset = UNSET,
     **unknown: NoReturn,

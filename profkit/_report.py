@@ -11,7 +11,8 @@ counts and medians over many samples.
 
 Percentiles are nearest-rank: the p-th of n sorted values is the ``ceil(p/100 * n)``-th.
 
-Any input is read without raising: a line that looks like JSON but does not parse, and a
+The lines are read by :mod:`profkit._jsonlines`, the one reading ``diff`` shares. Any input
+is read without raising: a line that looks like JSON but does not parse, and a
 profkit event whose label, duration or op time is not what profkit writes (null, a string,
 nan, inf, negative, out of range), is skipped and counted (one line on stderr at the end);
 bytes that are not UTF-8 are read as U+FFFD; labels, verdicts and op names are printed
@@ -22,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Iterable
 
+from ._jsonlines import Sample, expand, lines, read, read_samples, write
 from ._text import clean
 
 DESCRIPTION = """\
@@ -52,21 +51,6 @@ __all__ = [
 
 TOP_OPS = 5
 """Op rows printed per label (``--top`` changes it)."""
-
-
-@dataclasses.dataclass
-class Sample:
-    """One sampled call as read from a ``profkit.profile`` event (and its ``profkit.op`` ones)."""
-
-    label: str
-    duration_us: float
-    verdict: str
-    borderline: bool = False
-    """The diagnosis said its confidence was low."""
-    ops: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Self CPU µs per op name (the "other" row left out)."""
-    shares: list[float] = dataclasses.field(default_factory=list)
-    """A batch (``profkit.batch``): each member's share of it (empty for any other call)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,113 +91,6 @@ def percentile(values: Iterable[float], p: float) -> float:
         raise ValueError("percentile of no values")
     rank = max(1, math.ceil(p / 100.0 * len(ordered)))
     return ordered[rank - 1]
-
-
-_EVENTS = ("profkit.profile", "profkit.op")
-
-
-def _events(lines: Iterable[str], bad: list[int]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among ``lines`` whose ``event`` is one of profkit's; ``bad[0]``
-    counts the lines that look like JSON objects but do not parse."""
-    for line in lines:
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            event = json.loads(text)
-        except (ValueError, RecursionError):  # RecursionError: nested past the limit
-            bad[0] += 1
-            continue
-        if isinstance(event, dict) and event.get("event") in _EVENTS:
-            yield event
-
-
-def _number(value: Any) -> float | None:
-    """A finite, non-negative JSON number as a float; None for anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int past float's range
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
-def _key(value: Any) -> str | None:
-    """A string (a label, a span id, a verdict) from a JSON string or number; else None."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return None
-
-
-def _op_time(row: Mapping[str, Any]) -> tuple[str, float] | None:
-    """An op row's name and self CPU µs; None for the "other" row or one that cannot be read."""
-    name = row.get("op")
-    self_us = _number(row.get("self_cpu_us", 0.0))
-    if not isinstance(name, str) or name == "other" or self_us is None:
-        return None
-    return name, self_us
-
-
-def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
-    """Samples from profkit's JSON lines, in file order, and how many lines were skipped
-    because they could not be read.
-
-    A ``profkit.profile`` event's ``top_ops`` gives its ops (rows that cannot be read are
-    left out); ``profkit.op`` events (the log exporter's) are added to the profile with the
-    same ``span_id``, or else to the latest profile of their label.
-    """
-    bad = [0]
-    samples: list[Sample] = []
-    by_span: dict[str, Sample] = {}
-    latest: dict[str, Sample] = {}
-    for event in _events(lines, bad):
-        label = _key(event.get("label", "?"))
-        if event["event"] == "profkit.profile":
-            duration = _number(event.get("duration_us", 0.0))
-            if label is None or duration is None:
-                bad[0] += 1
-                continue
-            verdict = _key(event.get("diagnosis")) or "none"
-            sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
-            rows = event.get("top_ops")
-            for row in rows if isinstance(rows, list) else ():
-                _add_op(sample, row)
-            members = event.get("batch_members")
-            for member in members if isinstance(members, list) else ():
-                share = _number(member.get("share")) if isinstance(member, Mapping) else None
-                if share is not None and share <= 1.0:
-                    sample.shares.append(share)
-            samples.append(sample)
-            latest[label] = sample
-            span = _key(event.get("span_id"))
-            if span:
-                by_span[span] = sample
-            continue
-        if event.get("op") == "other":
-            continue
-        found = _op_time(event)
-        if label is None or found is None:
-            bad[0] += 1
-            continue
-        target = by_span.get(_key(event.get("span_id")) or "") or latest.get(label)
-        if target is not None:
-            target.ops[found[0]] = target.ops.get(found[0], 0.0) + found[1]
-    return samples, bad[0]
-
-
-def read_samples(lines: Iterable[str]) -> list[Sample]:
-    """:func:`read`'s samples, without the count of skipped lines."""
-    return read(lines)[0]
-
-
-def _add_op(sample: Sample, row: Any) -> None:
-    found = _op_time(row) if isinstance(row, Mapping) else None
-    if found is not None:
-        name, self_us = found
-        sample.ops[name] = sample.ops.get(name, 0.0) + self_us
 
 
 def rollup(samples: Iterable[Sample], top: int = TOP_OPS) -> list[LabelRollup]:
@@ -326,60 +203,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the rollup as JSON")
 
 
-def _open(path: str) -> contextlib.AbstractContextManager[IO[str]]:
-    if path != "-":
-        return open(path, encoding="utf-8", errors="replace")
-    return _stdin()
-
-
-@contextlib.contextmanager
-def _stdin() -> Iterator[IO[str]]:
-    """Standard input, bytes that are not UTF-8 read as U+FFFD; left open."""
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a replaced stdin (a test's): read it as it is
-        yield sys.stdin
-        return
-    wrapper = io.TextIOWrapper(buffer, encoding="utf-8", errors="replace")
-    try:
-        yield wrapper
-    finally:
-        wrapper.detach()  # not closing sys.stdin's buffer with it
-
-
-def _lines(paths: list[str], unreadable: list[str]) -> Iterator[str]:
-    """Every line of every file; a file that cannot be opened or read is noted and skipped."""
-    for path in paths:
-        try:
-            with _open(path) as stream:
-                yield from stream
-        except OSError as exc:
-            unreadable.append(f"cannot read {clean(path, _LIMIT)}: {exc.strerror or exc}")
-
-
-def _write(stream: IO[str], text: str) -> None:
-    """``text`` on ``stream``, with what its encoding cannot write as escapes."""
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        encoding = getattr(stream, "encoding", None) or "ascii"
-        stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the report for ``args.files``; 1 when one cannot be read or none holds samples.
 
     Lines that could not be read are skipped and counted on stderr.
     """
     unreadable: list[str] = []
-    samples, skipped = read(_lines(list(args.files), unreadable))
+    samples, skipped = read(lines(expand(args.files), unreadable))
     rollups = rollup(samples, top=max(1, args.top))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
     else:
-        _write(sys.stdout, render(rollups))
+        write(sys.stdout, render(rollups))
     for problem in unreadable:
-        _write(sys.stderr, f"profkit report: {problem}\n")
+        write(sys.stderr, f"profkit report: {problem}\n")
     if skipped:
         noun = "line" if skipped == 1 else "lines"
-        _write(sys.stderr, f"profkit report: skipped {skipped} {noun} that could not be read\n")
+        write(sys.stderr, f"profkit report: skipped {skipped} {noun} that could not be read\n")
     return 0 if rollups and not unreadable else 1

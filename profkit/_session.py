@@ -9,7 +9,10 @@ is the decision itself; ``end_root`` hands a call back to the owner of its windo
 
 from __future__ import annotations
 
-from ._capture.decide import Decider, Decision
+import time
+from typing import Any
+
+from ._capture.decide import OFF, TIMED, Decider, Decision
 from ._capture.foreign import wait_for_other_thread
 from ._capture.keeper import WindowKeeper, close_idle, install_hooks
 from ._capture.window import make_profiler, prime
@@ -17,6 +20,7 @@ from ._config import Config
 from ._deadline import Deadline
 from ._errors import guard
 from ._export.fanout import Fanout, build_exporters
+from ._export.metrics import Metrics
 from ._export.pipeline import ExportPipeline
 from ._export.processing import Processor
 from ._records import CallRecord
@@ -45,7 +49,10 @@ class Session(Decider):
         self.active = config.enabled
         self.triggered = Triggered()
         spans, exporters = build_exporters(config)
-        fanout = Fanout(self.stats, spans, exporters, config.export_timeout)
+        #: ``metrics``: the instruments (None when off: then none exists anywhere)
+        self.metrics = Metrics(config.meter_provider, self.stats) if config.metrics else None
+        delivered = self.metrics.delivered if self.metrics is not None else None
+        fanout = Fanout(self.stats, spans, exporters, config.export_timeout, delivered)
         processor = Processor(config, self.stats)
         self.pipeline = ExportPipeline(
             self.stats, processor, fanout, config.queue_size, after_each=self._build_spare
@@ -65,9 +72,35 @@ class Session(Decider):
             speculation,
         )
         #: ``timed(label, t0)``: an unprofiled root call that was timed has ended
-        self.timed = self._book.note_since if self._book is not None else None
+        self.timed: Any = self._book.note_since if self._book is not None else None
+        if self.metrics is not None:
+            self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
+
+    def _time_every_call(self, metrics: Metrics) -> None:
+        """``metrics``: every root call that is not profiled is timed (``TIMED``), and its
+        duration goes to the metrics (and to the latency book with ``capture_slow``).
+
+        The instance's ``begin_root`` shadows the class's: with metrics off nothing changes.
+        """
+        self.begin_root = self._begin_timed  # type: ignore[method-assign]
+        book = self._book
+        self.timed = metrics.timed if book is None else _Both(book.note_since, metrics.timed)
+
+    def _begin_timed(
+        self,
+        label: str,
+        speculate: bool = True,
+        _now: Any = time.perf_counter_ns,
+        _decide: Any = Decider.decide,
+        _off: Decision = OFF,
+    ) -> Decision:
+        """:meth:`Decider.decide`, with a call it leaves off timed from before the decision
+        (every name a default argument: no global read on every root call)."""
+        t0 = _now()
+        decision = _decide(self, label, speculate)
+        return (TIMED, t0) if decision is _off else decision
 
     # -- request path -----------------------------------------------------------------------
 
@@ -85,6 +118,8 @@ class Session(Decider):
         call.done = True
         if self._book is not None:
             judge(self._book, self.stats, call, self.pipeline.busy_ns)
+        if self.metrics is not None:
+            self.metrics.ended(call, call.scopes[0].label if call.scopes else "?")
         self.keeper.ended(call, self.active)
 
     def start(self) -> None:
@@ -97,6 +132,8 @@ class Session(Decider):
                 self.prime_seconds = prime(self.config)
             self._build_spare()
             self.pipeline.start()
+            if self.metrics is not None:
+                self.metrics.start()
 
     def _build_spare(self) -> None:
         """Build the next window's profiler ahead (here, and on the worker after a window)."""
@@ -115,6 +152,9 @@ class Session(Decider):
         (counted by :func:`profkit.exporters.otlp.otlp_span_processor`).
         """
         flushed = self.pipeline.force_flush(Deadline(timeout))
+        if self.metrics is not None:
+            with guard(self.stats, "metrics"):
+                self.metrics.flush()
         return self._no_new_span_failures() and flushed
 
     def shutdown(self, timeout: float = 5.0) -> bool:
@@ -129,6 +169,9 @@ class Session(Decider):
         wait_for_other_thread(self.keeper, deadline)
         self.close_idle_window()
         flushed = self.pipeline.shutdown(deadline)
+        if self.metrics is not None:
+            with guard(self.stats, "metrics"):
+                self.metrics.shutdown()
         return self._no_new_span_failures() and flushed
 
     def _no_new_span_failures(self) -> bool:
@@ -144,3 +187,16 @@ class Session(Decider):
         self.stats.at_fork_reinit()
         self.refresh_after_fork()
         self.triggered = Triggered()
+
+
+class _Both:
+    """``timed`` with ``capture_slow`` and ``metrics`` both on: the book, then the metrics."""
+
+    __slots__ = ("book", "metrics")
+
+    def __init__(self, book: Any, metrics: Any) -> None:
+        self.book, self.metrics = book, metrics
+
+    def __call__(self, label: str, t0: int) -> None:
+        self.book(label, t0)
+        self.metrics(label, t0)

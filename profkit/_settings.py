@@ -30,6 +30,7 @@ __all__ = [
     "KEY",
     "LOGGER",
     "MAX_COUNT",
+    "METER_PROVIDER",
     "PROVIDER",
     "SIGNAL",
     "Setting",
@@ -251,6 +252,11 @@ PROVIDER = object_setting(
     lambda v: v is None or _has(v, "get_tracer"),
     "an OpenTelemetry TracerProvider (get_tracer()) or None",
     accepts="TracerProvider | None",
+)
+METER_PROVIDER = object_setting(
+    lambda v: v is None or _has(v, "get_meter"),
+    "an OpenTelemetry MeterProvider (get_meter()) or None",
+    accepts="MeterProvider | None",
 )
 LOGGER = object_setting(
     lambda v: v is None or _has(v, "info", "warning"),

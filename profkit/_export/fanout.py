@@ -22,7 +22,8 @@ from typing import Any
 from .. import _compat
 from .._config import Config, ProfkitConfigWarning
 from .._deadline import Deadline
-from .._model import WindowSummary
+from .._errors import guard
+from .._model import CallSummary, WindowSummary
 from .._stats import Stats
 from ..exporters import Exporter
 from ..exporters.console import ConsoleExporter, JsonLinesExporter
@@ -166,8 +167,11 @@ class Fanout:
         spans: SpanExporter | None,
         exporters: Sequence[Exporter],
         export_timeout: float,
+        on_delivered: Callable[[Sequence[CallSummary]], None] | None = None,
     ) -> None:
         self.stats = stats
+        #: told which calls were delivered (``metrics``: their op rows and exemplars)
+        self._on_delivered = on_delivered
         self._timeout = export_timeout
         self._spans = _Runner(spans, stats) if spans is not None else None
         self._runners = [_Runner(e, stats) for e in exporters]
@@ -177,6 +181,17 @@ class Fanout:
         return ([self._spans] if self._spans is not None else []) + self._runners
 
     def export(self, summary: WindowSummary) -> tuple[int, str | None, bool]:
+        """:meth:`_export`, then tell ``on_delivered`` which calls were delivered."""
+        result, summary = self._export(summary)
+        if self._on_delivered is not None and result[0]:
+            calls = summary.calls
+            if result[0] < len(calls):  # spans only: the calls with a recording span
+                calls = tuple(c for c in calls if c.span_id)
+            with guard(self.stats, "metrics"):
+                self._on_delivered(calls)
+        return result
+
+    def _export(self, summary: WindowSummary) -> tuple[tuple[int, str | None, bool], WindowSummary]:
         """Spans first, then every exporter: (calls delivered, why the others were not,
         whether every exporter and the span step took every call).
 
@@ -207,12 +222,12 @@ class Fanout:
             if not ok:
                 failure = result
         if failure is not None:
-            return 0, failure, False
+            return (0, failure, False), summary
         if self._runners:
-            return len(summary.calls), None, spans_ok
+            return (len(summary.calls), None, spans_ok), summary
         if self._spans is None:
-            return 0, "no_exporter", False
-        return sum(1 for c in summary.calls if c.span_id), why_not, spans_ok
+            return (0, "no_exporter", False), summary
+        return (sum(1 for c in summary.calls if c.span_id), why_not, spans_ok), summary
 
     def _warn_no_provider(self) -> None:
         """Spans went to the API's default no-op provider: say so once per session."""

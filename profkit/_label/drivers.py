@@ -14,6 +14,7 @@ from typing import Any
 
 from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
+from .._targeting.slow import Timed
 from .scope import FRAME, OFF, Active, enter, exit_
 
 __all__ = ["Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
@@ -212,7 +213,7 @@ class Stepped:
     restores the caller's afterwards. Each step is a checkpoint for ``max_window_s``.
     """
 
-    __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label", "spec")
+    __slots__ = ("_entered", "_frame", "_started", "_timed", "attributes", "code", "label", "spec")
 
     def __init__(
         self, label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True
@@ -221,6 +222,7 @@ class Stepped:
         self._started = False
         self._entered: Active | None = None
         self._frame: Any = None
+        self._timed: Timed | None = None  # an unprofiled root, timed (metrics): ended with it
 
     def step_in(self) -> Token[Any] | None:
         """Before a step: enter the scope on the first one, then set its frame."""
@@ -231,6 +233,7 @@ class Stepped:
                 entered = enter(self.label, self.attributes, self.code, self.spec)
                 if entered is not None:
                     self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
+                    self._timed = entered if entered.__class__ is Timed else None
                     if isinstance(entered, Active):
                         self._entered = entered
             finally:
@@ -264,6 +267,8 @@ class Stepped:
         """The generator is done (returned, raised or closed): end the scope (idempotent)."""
         entered = self._entered
         self._frame = None
+        if self._timed is not None:
+            self._timed.end()
         if entered is not None:
             exit_(
                 entered,

@@ -117,7 +117,7 @@ def test_explicit_rate_ignores_env_every(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_every_setting_but_objects_has_an_env_var() -> None:
     """Every value setting has a PROFKIT_<NAME> variable."""
     names = {f.name for f in dataclasses.fields(profkit.Config)}
-    objects = {"tracer_provider", "logger", "extra_exporters"}
+    objects = {"tracer_provider", "meter_provider", "logger", "extra_exporters"}
     assert names - objects == set(ENV_VARS)
     assert all(v == f"PROFKIT_{k.upper()}" for k, v in ENV_VARS.items())
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_MD = ROOT / "docs" / "configuration.md"
 TABLE_START = "<!-- config-table:start (generated: python scripts/gen_config_docs.py) -->"
 TABLE_END = "<!-- config-table:end -->"
-OBJECTS = {"tracer_provider", "logger", "extra_exporters"}
+OBJECTS = {"tracer_provider", "meter_provider", "logger", "extra_exporters"}
 FIELDS = dataclasses.fields(profkit.Config)
 
 #: values to try for every setting: each one its rule accepts must survive the environment

@@ -1,0 +1,357 @@
+"""OpenTelemetry metrics (``configure(metrics=True)``): the fleet's view of every process.
+
+Three kinds of instrument, made on the session's MeterProvider (``meter_provider``, else the
+global one) only while ``metrics`` is on:
+
+* ``profkit.call.duration`` (histogram, s, attribute ``profkit.label``): every root call,
+  profiled or not. A profiled call that is exported carries its span's trace and span ids
+  as the exemplar's context, so a bucket links to a trace that holds an op table.
+* ``profkit.op.self_time`` (histogram, s, ``profkit.label`` and ``profkit.op``): one
+  measurement per op row of each exported call (its ``top_k`` rows and ``other``).
+* ``profkit.calls`` (observable counter, attribute ``profkit.outcome``, and
+  ``profkit.reason`` for ``dropped``), ``profkit.windows`` and ``profkit.errors``
+  (``profkit.reason``): the ``stats()`` counters, read when the reader collects.
+
+The SDK's ``Histogram.record()`` costs 5-30 µs a call (measured, see docs/fleet.md): far
+too much for every root call. The request path only appends ``(label, ns)`` to a deque
+(one C call); the measurements reach the SDK off the request path, on the ``profkit-metrics``
+thread every second and at the start of every collection (the counters' callback drains
+first, so a scrape sees every call that ended before it). A profiled call's duration waits
+for its window's export, so that its exemplar can carry its own span's ids; a window that
+never reaches the exporters (dropped) lets it go without one after ``_HOLD_S`` or at the
+next flush. Labels and ops are bounded: past ``MAX_LABELS`` labels and ``MAX_OPS`` op names
+per label, new ones are counted as ``other``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace
+
+from .._model import CallSummary
+from .._records import CallRecord
+from .._stats import Stats
+from .._version import __version__
+
+__all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "OP_BUCKETS_S", "Metrics"]
+
+#: distinct ``profkit.label`` values; later labels are recorded as "other"
+MAX_LABELS = 256
+#: distinct ``profkit.op`` values per label; later op names are recorded as "other"
+MAX_OPS = 64
+#: seconds a profiled call's duration waits for its window's export (for its exemplar)
+_HOLD_S = 10.0
+#: seconds between drains on the ``profkit-metrics`` thread
+DRAIN_S = 1.0
+_OTHER = "other"
+#: bucket bounds (s) of ``profkit.call.duration``: 0.5 ms to 10 s (the SDK's default
+#: bounds, 0 to 10000, are made for milliseconds)
+CALL_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: bucket bounds (s) of ``profkit.op.self_time``: 1 µs to 1 s
+OP_BUCKETS_S = (
+    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0,
+)  # fmt: skip
+_OUTCOMES = (
+    "root_calls",
+    "sampled",
+    "unsampled",
+    "exported",
+    "skipped_busy",
+    "skipped_foreign",
+    "skipped_rate_limit",
+    "skipped_unsampled_trace",
+    "skipped_backlog",
+    "skipped_budget",
+    "warmup_calls",
+    "speculative",
+    "speculative_released",
+)
+_EMPTY = otel_context.Context()
+
+
+class _Instruments:
+    """One MeterProvider's profkit instruments, made once, and the sessions feeding them.
+
+    The SDK hands back the instrument already registered under a name, callbacks and all: a
+    second ``configure()`` on the same provider must feed the same instruments. The
+    counters report every session's counts added up (a retired session's final ones kept),
+    so that they never go down.
+    """
+
+    def __init__(self, meter: Any) -> None:
+        self.duration = meter.create_histogram(
+            "profkit.call.duration",
+            unit="s",
+            description="Duration of profkit root calls",
+            explicit_bucket_boundaries_advisory=CALL_BUCKETS_S,
+        )
+        self.self_time = meter.create_histogram(
+            "profkit.op.self_time",
+            unit="s",
+            description="Self CPU time of an op in one exported profiled call",
+            explicit_bucket_boundaries_advisory=OP_BUCKETS_S,
+        )
+        for name, unit, what in (
+            ("profkit.calls", "{call}", "profkit root calls by outcome (stats())"),
+            ("profkit.windows", "{window}", "Profiler windows opened"),
+            ("profkit.errors", "{error}", "profkit internal errors by reason"),
+        ):
+            callback = functools.partial(self._observe, name)
+            meter.create_observable_counter(name, [callback], unit=unit, description=what)
+        self._lock = threading.Lock()
+        self.live: list[Metrics] = []
+        self._retired: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = (
+            collections.Counter()
+        )
+
+    def attach(self, metrics: Metrics) -> None:
+        with self._lock:
+            self.live.append(metrics)
+
+    def retire(self, metrics: Metrics) -> None:
+        """``metrics``' session shut down: its final counts stay in the totals."""
+        with self._lock:
+            if metrics in self.live:
+                self.live.remove(metrics)
+                self._retired.update(_counts(metrics.stats.snapshot()))
+
+    def _observe(self, name: str, options: Any) -> list[otel_metrics.Observation]:
+        with self._lock:
+            live = list(self.live)
+            totals = collections.Counter(self._retired)
+        if name == "profkit.calls":
+            for metrics in live:  # first: a collection sees every call that ended before it
+                metrics.drain()
+        for metrics in live:
+            totals.update(_counts(metrics.stats.snapshot()))
+        return [
+            otel_metrics.Observation(value, dict(attrs))
+            for (instrument, attrs), value in totals.items()
+            if instrument == name
+        ]
+
+
+def _counts(snap: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
+    """A ``stats()`` snapshot as (instrument, attributes) -> count."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {
+        ("profkit.calls", (("profkit.outcome", o),)): int(snap[o]) for o in _OUTCOMES
+    }
+    for reason, n in snap["dropped_reasons"].items():
+        out["profkit.calls", (("profkit.outcome", "dropped"), ("profkit.reason", reason))] = n
+    out["profkit.windows", ()] = int(snap["windows"])
+    for reason, n in snap["error_reasons"].items():
+        out["profkit.errors", (("profkit.reason", reason),)] = n
+    return out
+
+
+#: each MeterProvider's instruments (weakly: a provider the application drops goes)
+_BY_PROVIDER: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_BY_PROVIDER_LOCK = threading.Lock()
+
+
+def _instruments(provider: Any) -> _Instruments:
+    with _BY_PROVIDER_LOCK:
+        try:
+            found = _BY_PROVIDER.get(provider)
+        except TypeError:  # a provider that cannot be weakly referenced: no reuse
+            return _Instruments(provider.get_meter("profkit", __version__))
+        if found is None:
+            found = _Instruments(provider.get_meter("profkit", __version__))
+            _BY_PROVIDER[provider] = found
+        return found
+
+
+class Metrics:
+    """One session's hand-off from the request path to its provider's instruments."""
+
+    def __init__(self, provider: Any, stats: Stats) -> None:
+        self.stats = stats
+        provider = provider if provider is not None else otel_metrics.get_meter_provider()
+        self._instruments = _instruments(provider)
+        self._duration = self._instruments.duration
+        self._self_time = self._instruments.self_time
+        self._lock = threading.Lock()  # one drain at a time
+        #: ``(label, ns)`` of ended root calls, appended on the request path (lock-free)
+        self._pending: collections.deque[tuple[str, int]] = collections.deque()
+        #: ``timed(label, t0)``: the request path's one function, a plain one with the
+        #: deque's ``append`` as a default argument (no bound method, no attribute read)
+        self.timed = _timed_into(self._pending)
+        self._init_state()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        reinit = weakref.WeakMethod(self.at_fork_reinit)
+        os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
+        self._instruments.attach(self)
+
+    def _init_state(self) -> None:
+        self._pending.clear()
+        #: exported calls (with span ids), appended on the export worker
+        self._delivered: collections.deque[CallSummary] = collections.deque()
+        #: profiled calls waiting for their export: (window id, index) -> (label, ns, since)
+        self._held: dict[tuple[int, int], tuple[str, int, float]] = {}
+        self._held_lock = threading.Lock()
+        self._labels: dict[str, dict[str, str]] = {}
+        self._ops: dict[tuple[str, str], dict[str, str]] = {}
+        self._ops_per_label: collections.Counter[str] = collections.Counter()
+
+    # -- request path -----------------------------------------------------------------------
+
+    def ended(self, call: CallRecord, label: str) -> None:
+        """A profiled root call ended (a sampled call: not the off-sample path)."""
+        start = call.scopes[0].start_ns if call.scopes else 0
+        ns = max(0, time.time_ns() - start) if start else 0
+        if call.warmup or not call.policy.exported:
+            self._pending.append((label, ns))  # never exported: no span to point at
+            return
+        with self._held_lock:
+            self._held[(call.window.id, call.index)] = (label, ns, time.monotonic())
+
+    # -- export worker ----------------------------------------------------------------------
+
+    def delivered(self, calls: Sequence[CallSummary]) -> None:
+        """The fan-out delivered ``calls`` (counted ``exported``): their rows and exemplars."""
+        self._delivered.extend(calls)
+
+    # -- off the request path ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread that hands measurements to the SDK every ``DRAIN_S``."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="profkit-metrics", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(DRAIN_S):
+            self.drain()
+
+    def drain(self, release_all: bool = False) -> None:
+        """Hand every pending measurement to the SDK (``release_all``: held ones too)."""
+        with self._lock:
+            cpu0 = time.thread_time()
+            try:
+                self._drain_delivered()
+                self._drain_pending()
+                self._release_held(release_all)
+            finally:
+                self.stats.cpu.charge(time.thread_time() - cpu0)
+
+    def _drain_delivered(self) -> None:
+        record_self = self._self_time.record
+        while True:
+            try:
+                call = self._delivered.popleft()
+            except IndexError:
+                return
+            label = call.label
+            for row in call.root.ops:
+                record_self(row.self_cpu_us / 1e6, self._op_attributes(label, row.name), _EMPTY)
+            with self._held_lock:
+                held = self._held.pop((call.window_id, call.call_index), None)
+            if held is not None:
+                self._duration.record(held[1] / 1e9, self._label(held[0]), _exemplar(call))
+
+    def _drain_pending(self) -> None:
+        record = self._duration.record
+        pending = self._pending
+        while True:
+            try:
+                label, ns = pending.popleft()
+            except IndexError:
+                return
+            record(ns / 1e9, self._label(label), _EMPTY)
+
+    def _release_held(self, release_all: bool) -> None:
+        cutoff = time.monotonic() - _HOLD_S
+        with self._held_lock:
+            keys = [k for k, v in self._held.items() if release_all or v[2] < cutoff]
+            released = [self._held.pop(k) for k in keys]
+        for label, ns, _ in released:
+            self._duration.record(ns / 1e9, self._label(label), _EMPTY)
+
+    def _label(self, label: str) -> dict[str, str]:
+        attrs = self._labels.get(label)
+        if attrs is None:
+            if len(self._labels) >= MAX_LABELS:
+                return self._labels.get(_OTHER) or self._labels.setdefault(
+                    _OTHER, {"profkit.label": _OTHER}
+                )
+            attrs = self._labels.setdefault(label, {"profkit.label": label})
+        return attrs
+
+    def _op_attributes(self, label: str, op: str) -> dict[str, str]:
+        label = self._label(label)["profkit.label"]
+        attrs = self._ops.get((label, op))
+        if attrs is None:
+            if self._ops_per_label[label] >= MAX_OPS:
+                op = _OTHER
+                attrs = self._ops.get((label, op))
+            if attrs is None:
+                attrs = {"profkit.label": label, "profkit.op": op}
+                self._ops[(label, op)] = attrs
+                self._ops_per_label[label] += 1
+        return attrs
+
+    # -- control ----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Everything handed off is exported or dropped: every measurement to the SDK."""
+        self.drain(release_all=True)
+
+    def shutdown(self) -> None:
+        """Flush and stop the drain thread (the MeterProvider is the application's)."""
+        self._stop.set()
+        self.flush()
+        self._instruments.retire(self)
+
+    def at_fork_reinit(self) -> None:
+        """In a forked child: the parent's measurements are the parent's; a new thread."""
+        self._lock = threading.Lock()
+        self._init_state()
+        self._thread = None
+        if not self._stop.is_set():
+            self.start()
+
+
+def _timed_into(pending: collections.deque[tuple[str, int]]) -> Callable[[str, int], None]:
+    """``timed(label, t0)`` appending to ``pending``: a plain function whose names are all
+    default arguments (no cell, no global, no attribute read on every root call)."""
+
+    def timed(
+        label: str, t0: int, _append: Any = pending.append, _now: Any = time.perf_counter_ns
+    ) -> None:
+        """An unprofiled root call of ``label`` that began at ``t0`` (``perf_counter_ns``)
+        has ended: one deque append, nothing else."""
+        _append((label, _now() - t0))
+
+    return timed
+
+
+def _exemplar(call: CallSummary) -> Any:
+    """A context whose span is ``call``'s own (what the SDK's exemplar reads), or empty."""
+    if not call.trace_id or not call.span_id:
+        return _EMPTY
+    ctx = trace.SpanContext(
+        int(call.trace_id, 16),
+        int(call.span_id, 16),
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(ctx), _EMPTY)
+
+
+def _call_alive(method: weakref.WeakMethod[Any]) -> None:
+    fn = method()
+    if fn is not None:
+        fn()

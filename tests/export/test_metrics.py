@@ -1,0 +1,239 @@
+"""configure(metrics=True): OpenTelemetry histograms and counters, read by an in-memory reader."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import profkit
+from profkit.testing import capture
+
+
+@pytest.fixture
+def reader() -> InMemoryMetricReader:
+    """An in-memory reader (cumulative) on a private MeterProvider."""
+    return InMemoryMetricReader()
+
+
+def _provider(reader: InMemoryMetricReader) -> MeterProvider:
+    return MeterProvider(metric_readers=[reader])
+
+
+def _metrics(reader: InMemoryMetricReader) -> dict[str, Any]:
+    """Every metric the reader collected, by name."""
+    data = reader.get_metrics_data()
+    out: dict[str, Any] = {}
+    for rm in data.resource_metrics if data is not None else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                out[metric.name] = metric
+    return out
+
+
+def _points(metric: Any, **attrs: str) -> list[Any]:
+    return [
+        p
+        for p in metric.data.data_points
+        if all(p.attributes.get(k.replace("_", ".", 1)) == v for k, v in attrs.items())
+    ]
+
+
+def _predictor(mlp: torch.nn.Module) -> Any:
+    @profkit.profiled("predict")
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return mlp(x)
+
+    return predict
+
+
+def test_op_self_time_counts_exported_calls_and_duration_every_call(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """(predict, aten::addmm) self-time points count exported calls; call.duration every call."""
+    predict = _predictor(mlp)
+    with capture(sample_every=3, metrics=True, meter_provider=_provider(reader)) as cap:
+        for _ in range(30):
+            predict(batch)
+        assert profkit.force_flush(10.0)
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    assert 10 == stats["exported"] == len(cap.calls)
+    self_time = metrics["profkit.op.self_time"]
+    (addmm,) = _points(self_time, profkit_label="predict", profkit_op="aten::addmm")
+    assert stats["exported"] == addmm.count
+    assert addmm.sum > 0
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    assert 30 == duration.count == stats["root_calls"]
+    assert "s" == metrics["profkit.op.self_time"].unit == metrics["profkit.call.duration"].unit
+    assert max(duration.explicit_bounds) == 10.0  # seconds, not the SDK's millisecond bounds
+    assert min(addmm.explicit_bounds) == 1e-6
+    ops = {p.attributes["profkit.op"] for p in metrics["profkit.op.self_time"].data.data_points}
+    assert "other" in ops or len(ops) <= 10  # the top_k rows and "other": bounded
+
+
+def test_no_profkit_instrument_while_metrics_is_off(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """metrics off (the default): the provider given holds no profkit metric at all."""
+    predict = _predictor(mlp)
+    with capture(sample_every=2, meter_provider=_provider(reader)):
+        for _ in range(10):
+            predict(batch)
+        assert profkit.force_flush(10.0)
+        assert {} == _metrics(reader)
+
+
+def test_no_instrument_on_the_global_provider_while_off(
+    mlp: torch.nn.Module, batch: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """metrics off: the global MeterProvider is never asked for a meter."""
+    from opentelemetry import metrics as otel_metrics
+
+    asked: list[str] = []
+
+    class Spy:
+        def get_meter(self, name: str, *args: Any, **kwargs: Any) -> Any:
+            asked.append(name)
+            return otel_metrics.NoOpMeter(name)
+
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", lambda: Spy())
+    predict = _predictor(mlp)
+    with capture(sample_every=2):
+        predict(batch)
+    assert [] == asked
+    with capture(sample_every=2, metrics=True):
+        predict(batch)
+    assert ["profkit"] == asked
+
+
+def test_counters_mirror_stats(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """profkit.calls by outcome (and dropped by reason) equals stats()."""
+    predict = _predictor(mlp)
+    with capture(sample_every=4, metrics=True, meter_provider=_provider(reader)):
+        for _ in range(20):
+            predict(batch)
+        assert profkit.force_flush(10.0)
+        stats = profkit.stats()
+        calls = _metrics(reader)["profkit.calls"]
+    by_outcome = {p.attributes["profkit.outcome"]: p.value for p in calls.data.data_points}
+    assert calls.data.is_monotonic
+    assert stats["root_calls"] == by_outcome["root_calls"] == 20
+    assert stats["exported"] == by_outcome["exported"] == 5
+    assert stats["skipped_busy"] == by_outcome["skipped_busy"]
+
+
+def test_dropped_calls_counted_by_reason(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """A call no exporter delivers (spans to a no-op provider) is counted dropped by reason."""
+    from opentelemetry.trace import NoOpTracerProvider
+
+    predict = _predictor(mlp)
+    with capture(
+        sample_every=1,
+        metrics=True,
+        meter_provider=_provider(reader),
+        tracer_provider=NoOpTracerProvider(),
+        extra_exporters=(),
+    ) as cap:
+        cap.exporter.export = lambda summary: None  # type: ignore[method-assign]
+        predict(batch)
+        profkit.force_flush(10.0)
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    dropped = {
+        p.attributes.get("profkit.reason"): p.value
+        for p in metrics["profkit.calls"].data.data_points
+        if p.attributes["profkit.outcome"] == "dropped"
+    }
+    assert stats["dropped_reasons"] == dropped
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    assert 1 == duration.count  # a dropped call is a root call all the same
+
+
+def test_exemplar_carries_the_profiled_calls_span(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """A profiled call's duration carries its own span's trace and span ids as the exemplar."""
+    predict = _predictor(mlp)
+    with capture(sample_every=5, metrics=True, meter_provider=_provider(reader)) as cap:
+        for _ in range(10):
+            predict(batch)
+        assert profkit.force_flush(10.0)
+        metrics = _metrics(reader)
+    spans = {(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for s in cap.spans()}
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    exemplars = {(f"{e.trace_id:032x}", f"{e.span_id:016x}") for e in duration.exemplars}
+    assert exemplars
+    assert exemplars <= spans
+
+
+def test_every_root_call_with_capture_slow_and_generators(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """capture_slow's timed calls, regions as roots and generator roots are all counted."""
+    predict = _predictor(mlp)
+
+    @profkit.profiled("stream")
+    def stream() -> Iterator[int]:
+        yield 1
+        yield 2
+
+    with capture(sample_every=7, capture_slow=True, metrics=True, meter_provider=_provider(reader)):
+        for _ in range(21):
+            predict(batch)
+            with profkit.region("pre"):
+                pass
+            assert [1, 2] == list(stream())
+        assert profkit.force_flush(10.0)
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    counts = {
+        p.attributes["profkit.label"]: p.count
+        for p in metrics["profkit.call.duration"].data.data_points
+    }
+    assert {"predict": 21, "pre": 21, "stream": 21} == counts
+    assert 63 == stats["root_calls"]
+
+
+def test_metrics_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_METRICS=1 turns it on; configure() refuses a meter_provider without get_meter."""
+    monkeypatch.setenv("PROFKIT_METRICS", "1")
+    assert profkit.configure(exporters=()).metrics
+    with pytest.raises(ValueError, match="meter_provider"):
+        profkit.configure(meter_provider=object())
+
+
+def test_a_second_configure_on_the_same_provider_feeds_the_same_instruments(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """configure() twice on one provider: the counters add both sessions' calls up."""
+    provider = _provider(reader)
+    predict = _predictor(mlp)
+    profkit.configure(sample_every=5, exporters=("log",), metrics=True, meter_provider=provider)
+    for _ in range(10):
+        predict(batch)
+    assert profkit.force_flush(10.0)
+    profkit.configure(sample_every=5, exporters=("log",), metrics=True, meter_provider=provider)
+    for _ in range(15):
+        predict(batch)
+    assert profkit.force_flush(10.0)
+    profkit.shutdown(10.0)
+    metrics = _metrics(reader)
+    by_outcome = {
+        p.attributes["profkit.outcome"]: p.value
+        for p in metrics["profkit.calls"].data.data_points
+        if "profkit.reason" not in p.attributes
+    }
+    assert 25 == by_outcome["root_calls"]
+    assert 5 == by_outcome["exported"]
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    assert 25 == duration.count

@@ -1,0 +1,145 @@
+"""``python -m profkit diff BEFORE AFTER``: what changed between two runs, per label."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import structlog
+import torch
+
+import profkit
+from profkit import __main__ as cli
+from profkit import _diff, _jsonlines, _report
+from profkit._model import WindowSummary
+from profkit.exporters import Exporter
+from profkit.exporters.console import JsonLinesExporter
+from profkit.exporters.logs import LogExporter
+from profkit.testing import capture
+
+
+class _ByVariant(Exporter):
+    """Each call to the exporter of its root's ``variant`` attribute (one run per file)."""
+
+    name = "by-variant"
+
+    def __init__(self, exporters: dict[str, Exporter]) -> None:
+        self.exporters = exporters
+
+    def export(self, summary: WindowSummary) -> None:
+        for variant, exporter in self.exporters.items():
+            calls = tuple(c for c in summary.calls if c.root.attributes["variant"] == variant)
+            if calls:
+                exporter.export(dataclasses.replace(summary, calls=calls))
+
+
+def _log_exporter(stream: IO[str]) -> LogExporter:
+    """The log exporter through structlog's JSON renderer, into ``stream``."""
+    logger = structlog.wrap_logger(
+        structlog.WriteLogger(stream), processors=[structlog.processors.JSONRenderer()]
+    )
+    return LogExporter(logger)
+
+
+def _two_runs(tmp_path: Path, calls: int) -> tuple[Path, Path]:
+    """The same handler before and after a change (one more matmul after its ReLU), each
+    call profiled; the two runs interleaved call by call, so that both see the same machine.
+    BEFORE is the json exporter's lines, AFTER structlog JSON of the log exporter's events."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(64, 128), torch.nn.Linear(128, 10)
+    weight = torch.randn(128, 128)
+
+    def handler(extra: bool) -> Any:
+        @profkit.profiled("predict", attributes={"variant": "after" if extra else "before"})
+        def predict(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad(), profkit.region("encode"):
+                h = torch.relu(first(x))
+                if extra:  # after the ReLU: its input and output allocations are the same
+                    h = torch.mm(h, weight)
+                return second(h)
+
+        return predict
+
+    before_path, after_path = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    with before_path.open("w") as before, after_path.open("w") as after:
+        router = _ByVariant({"before": JsonLinesExporter(before), "after": _log_exporter(after)})
+        old, new = handler(False), handler(True)
+        x = torch.randn(32, 64)
+        order = [old, new] * calls
+        random.Random(1).shuffle(order)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # intra-op threads spinning on a busy machine: ms of noise
+        try:
+            with capture(sample_every=1, queue_size=1000, extra_exporters=[router]):
+                for predict in order:
+                    predict(x)
+                assert profkit.force_flush(30.0)
+        finally:
+            torch.set_num_threads(threads)
+    return before_path, after_path
+
+
+def test_diff_finds_the_extra_matmul_and_not_relu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two real runs, the second with an extra matmul: aten::mm significant, aten::relu not."""
+    before, after = _two_runs(tmp_path, 40)
+    assert 0 == cli.main(["diff", str(before), str(after), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    label = result["labels"]["predict"]
+    assert {"before": 40, "after": 40} == label["samples"]
+    ops = {row["op"]: row for row in label["ops"]}
+    assert ops["aten::mm"]["before_ms"] is None
+    assert ops["aten::mm"]["after_ms"] > 0
+    assert ops["aten::mm"]["significant"]
+    assert not ops["aten::relu"]["significant"]
+    assert {"op", "before_ms", "after_ms", "ratio", "significant"} <= set(ops["aten::relu"])
+    assert ["encode"] == [row["region"] for row in label["regions"]]
+    impacts = [abs((r["after_ms"] or 0) - (r["before_ms"] or 0)) for r in label["ops"]]
+    assert sorted(impacts, reverse=True) == impacts
+
+    assert 0 == cli.main(["diff", str(tmp_path / "before*"), str(after)])  # a glob
+    text = capsys.readouterr().out
+    first_op = text.splitlines()[2].split()[0]
+    assert label["ops"][0]["op"] == first_op  # the human output in the same order
+
+
+def test_cold_samples_are_left_out() -> None:
+    """A sample marked cold (cold or profkit.cold) is not compared."""
+
+    def line(cold: dict[str, bool], us: float) -> str:
+        event = {"event": "profkit.profile", "label": "p", "duration_us": us, **cold}
+        return json.dumps({**event, "top_ops": [{"op": "aten::mm", "self_cpu_us": us}]})
+
+    before, _ = _jsonlines.read([line({}, 10.0)] * 8 + [line({"cold": True}, 900.0)])
+    after, _ = _jsonlines.read([line({}, 10.0)] * 8 + [line({"profkit.cold": True}, 900.0)])
+    (d,) = _diff.diff(before, after)
+    assert (8, 8) == (d.before, d.after)
+    (mm,) = d.ops
+    assert (0.01, 0.01, False) == (mm.before_ms, mm.after_ms, mm.significant)
+
+
+def test_too_few_samples_are_never_significant() -> None:
+    """Under MIN_SAMPLES a side, even a 10x change is not called significant."""
+    fast = [_jsonlines.Sample("p", 1.0, "none", ops={"aten::mm": 1.0})] * 7
+    slow = [_jsonlines.Sample("p", 1.0, "none", ops={"aten::mm": 10.0})] * 7
+    (d,) = _diff.diff(fast, slow)
+    assert (False, None) == (d.ops[0].significant, d.ops[0].p)
+    assert 10.0 == d.ops[0].ratio
+
+
+def test_mann_whitney_matches_known_values() -> None:
+    """The rank test's p: complete separation of 8 and 8, and identical samples."""
+    assert _diff.mann_whitney_p([1.0] * 8, [1.0] * 8) == 1.0
+    p = _diff.mann_whitney_p([float(i) for i in range(8)], [float(i) + 100 for i in range(8)])
+    assert 0.0005 < p < 0.002  # exact 0.00016; the normal approximation says ~0.001
+
+
+def test_report_and_diff_share_one_reading() -> None:
+    """report reads JSON lines with the very functions diff uses."""
+    assert _report.read is _jsonlines.read is _diff.read
+    assert _report.Sample is _jsonlines.Sample
