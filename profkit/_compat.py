@@ -18,6 +18,8 @@ import torch.autograd.profiler as _autograd_profiler
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 
+from ._weak import WeakIds
+
 __all__ = [
     "BAGGAGE_KEY",
     "SPAN_KEY",
@@ -82,9 +84,9 @@ def profiler_enabled_here() -> bool:
 
 
 #: providers whose span processors were shut down (seen by :func:`watch_provider_shutdown`)
-_shut_down: weakref.WeakSet[Any] = weakref.WeakSet()
+_shut_down = WeakIds()  # (no WeakSet: its callback may run on a request thread, _weak)
 #: the span processors already watched (a provider seen again is not wrapped twice)
-_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+_watched = WeakIds()
 _watch_lock = threading.Lock()
 
 

@@ -28,6 +28,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 from ._jsonlines import Sample, expand, lines, read, read_samples, write
 from ._text import clean

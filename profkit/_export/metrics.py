@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +40,7 @@ from .._model import CallSummary
 from .._records import CallRecord
 from .._stats import Stats
 from .._version import __version__
+from .._weak import WeakIdMap, at_fork_in_child_weakly
 
 __all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "OP_BUCKETS_S", "Metrics"]
 
@@ -157,7 +156,7 @@ def _counts(snap: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
 
 
 #: each MeterProvider's instruments (weakly: a provider the application drops goes)
-_BY_PROVIDER: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_BY_PROVIDER: WeakIdMap[_Instruments] = WeakIdMap()
 _BY_PROVIDER_LOCK = threading.Lock()
 
 
@@ -169,7 +168,7 @@ def _instruments(provider: Any) -> _Instruments:
             return _Instruments(provider.get_meter("profkit", __version__))
         if found is None:
             found = _Instruments(provider.get_meter("profkit", __version__))
-            _BY_PROVIDER[provider] = found
+            _BY_PROVIDER.set(provider, found)
         return found
 
 
@@ -191,8 +190,7 @@ class Metrics:
         self._init_state()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        reinit = weakref.WeakMethod(self.at_fork_reinit)
-        os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
+        at_fork_in_child_weakly(self, "at_fork_reinit")  # (no WeakMethod: see profkit._weak)
         self._instruments.attach(self)
 
     def _init_state(self) -> None:
@@ -349,9 +347,3 @@ def _exemplar(call: CallSummary) -> Any:
         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(ctx), _EMPTY)
-
-
-def _call_alive(method: weakref.WeakMethod[Any]) -> None:
-    fn = method()
-    if fn is not None:
-        fn()

@@ -19,17 +19,16 @@ the previous call was exported by every exporter and the span step (docs/reliabi
 from __future__ import annotations
 
 import gc
-import os
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 from .._deadline import Deadline
 from .._errors import guard
 from .._records import StoppedWindow
 from .._stats import Stats
+from .._weak import at_fork_in_child_weakly
 from .fanout import Fanout
 from .processing import Processor
 
@@ -60,8 +59,7 @@ class ExportPipeline:
         #: runs on the worker after each window (the session builds its next profiler there)
         self._after_each = after_each
         self._init_state()
-        reinit = weakref.WeakMethod(self._at_fork_reinit)
-        os.register_at_fork(after_in_child=lambda: _call_alive(reinit))
+        at_fork_in_child_weakly(self, "_at_fork_reinit")  # (no WeakMethod: see profkit._weak)
 
     def _init_state(self) -> None:
         # the request path (offer) takes only C-level locks in ``with`` statements and puts
@@ -288,9 +286,3 @@ class _Ledger:
             if left > 0:
                 self.stats.drop("shutdown", left)
         return max(left, 0)
-
-
-def _call_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
-    fn = method()
-    if fn is not None:
-        fn()

@@ -209,3 +209,43 @@ def test_a_timeout_right_after_the_window_opened_does_not_hold_it_open(
     s = profkit.stats()
     assert 2 == s["sampled"] == _outcomes(s), s
     assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_nothing_of_profkits_runs_python_code_when_it_dies() -> None:
+    """A weakref callback runs in a garbage collection, on whichever thread triggered it:
+    a request thread, where a timeout landing in it is printed and lost ("Exception ignored
+    in: WeakMethod._cb": one in 15,000 timeouts of the storms, before 0.3). No weak
+    reference to profkit's objects, nor to the providers it watches, has a callback."""
+    import gc
+    import weakref
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer_provider = TracerProvider()
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    theirs = {  # the SDK's own (a TracerProvider's at-exit WeakMethod): not profkit's
+        id(ref) for obj in (tracer_provider, meter_provider) for ref in weakref.getweakrefs(obj)
+    }
+    profkit.configure(
+        sample_every=1,
+        exporters=("otel",),
+        tracer_provider=tracer_provider,
+        metrics=True,
+        meter_provider=meter_provider,
+    )
+    predict()
+    assert profkit.force_flush(10)
+    session = profkit._global.get_session()
+    assert session is not None
+    watched = [session, session.pipeline, session.metrics, tracer_provider, meter_provider]
+    watched.append(tracer_provider._active_span_processor)
+    gc.collect()
+    with_callbacks = [
+        (type(obj).__name__, ref.__callback__)
+        for obj in watched
+        for ref in weakref.getweakrefs(obj)
+        if ref.__callback__ is not None and id(ref) not in theirs
+    ]
+    assert [] == with_callbacks
