@@ -153,7 +153,7 @@ def unmet_output_comments(expected: list[tuple[int, str]], printed: list[str]) -
 
 def test_output_comments_are_checked() -> None:
     """A wrong output comment is caught; prose on its own line and ``# ->`` are understood."""
-    code = 'x = 1\n# prose\nprint(x, x)  # 1 1\nprint(2)  # -> 2\nprint(3)  # 4\n'
+    code = "x = 1\n# prose\nprint(x, x)  # 1 1\nprint(2)  # -> 2\nprint(3)  # 4\n"
     expected = output_comments(code)
     assert [(3, "1 1"), (4, "2"), (5, "4")] == expected
     assert ["line 5: expected '4', printed ['3']"] == unmet_output_comments(

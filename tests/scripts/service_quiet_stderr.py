@@ -10,16 +10,16 @@ from pathlib import Path
 
 import httpx
 import torch
+from _fresh import report
 from fastapi import FastAPI
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 import profkit
-from _fresh import report
 from profkit.integrations.fastapi import instrument_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from live_server import serve  # noqa: E402
+from live_server import serve
 
 trace.set_tracer_provider(TracerProvider())
 app = FastAPI()
