@@ -69,6 +69,8 @@ class Sample:
     """The diagnosis said its confidence was low."""
     ops: dict[str, float] = dataclasses.field(default_factory=dict)
     """Self CPU µs per op name (the "other" row left out)."""
+    event: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """The ``profkit.profile`` event as read (regions, ids, start time: the HTML page's)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +182,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
                 continue
             verdict = _key(event.get("diagnosis")) or "none"
             sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
+            sample.event = event
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)
