@@ -163,7 +163,18 @@ def render(results: dict[str, dict[str, Any]], quick: bool, total_s: float) -> s
     for name, result in results.items():
         module = __import__(name)
         parts += ["", f"### {titles[name]}", "", module.render(result)]
-    return "\n".join(parts) + "\n"
+    return separate_tables("\n".join(parts) + "\n")
+
+
+def separate_tables(markdown: str) -> str:
+    """A blank line between a caption line and the table under it: without one, Markdown
+    reads the table as more lines of the caption's paragraph (raw ``|`` text on the page)."""
+    out: list[str] = []
+    for line in markdown.split("\n"):
+        if line.startswith("|") and out and out[-1].strip() and not out[-1].startswith("|"):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 def update_doc(table: str) -> None:
