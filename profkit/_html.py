@@ -154,8 +154,11 @@ def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
     every = [s.duration_us / 1e3 for s in (*mine, *theirs)]
     if not every:
         return ""
-    low, high = 0.0, max(percentile(every, 100), 1e-3)
+    # the axis ends at 3x the p95 (the last bin holds the samples beyond): one outlier must
+    # not squeeze every other sample into the first bin
+    low, high = 0.0, max(min(percentile(every, 100), 3 * percentile(every, 95)), 1e-3)
     width = high / _BINS
+    beyond = sum(1 for d in every if d > high)
     series = [("after", mine), ("before", theirs)] if theirs else [("after", mine)]
     counts = {
         name: [sum(1 for s in group if _bin(s.duration_us / 1e3, width) == i) for i in range(_BINS)]
@@ -174,10 +177,11 @@ def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
                 f"<rect class={name} x={x:.1f} y={base - h + 4:.1f} width={w:.1f} "
                 f"height={h:.1f}><title>{name}: {n} samples, {span}</title></rect>"
             )
+    more = f" (+{beyond} beyond, in the last bin)" if beyond else ""
     axis = (
         f"<text x=30 y={height - 2}>0 ms</text>"
-        f"<text x={_W - 10} y={height - 2} text-anchor=end>{high:.3f} ms</text>"
-        f"<text x=30 y=12>{top} samples</text>"
+        f"<text x={_W - 10} y={height - 2} text-anchor=end>{high:.3f} ms{more}</text>"
+        f"<text x={_W // 2} y={height - 2} text-anchor=middle>tallest bar: {top}</text>"
     )
     legend = " (blue: after, yellow: before)" if theirs else ""
     return (
@@ -248,7 +252,10 @@ def _waterfall(s: Sample, event: Mapping[str, Any]) -> str:
 
 def _bar(kind: str, x: float, row: int, width: float, tip: str, name: str) -> str:
     y = row * 22
-    label = _e(name, 60) if width > 40 else ""
+    fits = int((width - 6) / 6.5)  # characters of 11 px text that fit in the bar
+    label = (
+        _e(name if len(name) <= fits else name[: max(fits - 1, 0)] + "…", 60) if fits > 3 else ""
+    )
     return (
         f"<g><rect class={kind} x={x:.1f} y={y} width={max(width, 1.0):.1f} height=20>"
         f"<title>{_e(tip, 240)}</title></rect><text x={x + 3:.1f} y={y + 14}>{label}</text></g>"
