@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-WIDTH = 720
+WIDTH = 800
 _ROW = 26
-_LEFT = 300
+_LEFT = 340
 _COLOURS = ("#0969da", "#bf8700", "#1a7f37", "#cf222e", "#8250df")
 
 
@@ -58,7 +58,7 @@ def bars(
             f'<line x1="{_LEFT + q1 * scale:.1f}" x2="{_LEFT + q3 * scale:.1f}" y1="{y + 12}" '
             f'y2="{y + 12}" stroke="#1b1f24" stroke-width="1.5"/>'
             f'<text x="{_LEFT + max(median, q3) * scale + 6:.1f}" y="{y + 16}">'
-            f"{median:,.3g} {html.escape(unit)}</text>"
+            f"{_fmt(median)} {html.escape(unit)}</text>"
         )
     height = 40 + len(rows) * _ROW + (18 if note else 0)
     if note:
@@ -102,6 +102,17 @@ def stacked(
     return _svg(title, y + 24, body)
 
 
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _when(result: dict[str, Any]) -> str:
+    """Where the numbers come from: the machine and its load while the section ran."""
+    m, load = result.get("machine", {}), result.get("loadavg", [])
+    where = f"{m.get('cores', '?')} cores, torch {m.get('torch', '?')}"
+    return f"{where}, 1-min load {min(load):.1f}-{max(load):.1f}" if load else where
+
+
 def _spread(s: dict[str, float]) -> tuple[float, float, float]:
     return s["median"], s["q1"], s["q3"]
 
@@ -109,7 +120,7 @@ def _spread(s: dict[str, float]) -> tuple[float, float, float]:
 def off_sample(result: dict[str, Any]) -> str:
     rows = [(name, *_spread(s)) for name, s in result["rows_ns"].items()]
     ratio = result["ratio_to_record_function"]["median"]
-    note = f"@profiled off-sample adds {ratio:.2f}x what raw record_function adds (median)"
+    note = f"@profiled adds {ratio:.2f}x what raw record_function adds; {_when(result)}"
     return bars("Off-sample cost per call (CPU ns, median, IQR)", rows, "ns", note)
 
 
@@ -120,12 +131,14 @@ def window_parts(result: dict[str, Any]) -> str:
         (f"{r['model']}, top_k {r['top_k']} ({r['events']} events)", [r[k]["median"] for k in keys])
         for r in result["rows"]
     ]
-    return stacked("One sampled call on the request path, by part (ms, medians)", rows, parts, "ms")
+    title = f"One sampled call on the request path, by part (ms, medians; {_when(result)})"
+    return stacked(title, rows, parts, "ms")
 
 
 def throughput(result: dict[str, Any], labels: dict[str, str]) -> str:
     rows = [(labels.get(mode, mode), *_spread(r["rps"])) for mode, r in result["rows"].items()]
-    return bars("End to end: requests per second by sampling rate (median, IQR)", rows, "req/s")
+    title = "End to end: requests per second by sampling rate (median, IQR)"
+    return bars(title, rows, "req/s", f"uvicorn + FastAPI, MLP; {_when(result)}")
 
 
 def write_all(results: dict[str, dict[str, Any]], folder: Path) -> list[Path]:
