@@ -158,3 +158,12 @@ def test_no_code_block_is_wider_than_the_column(site: Path) -> None:
         if lines:
             wide[page.parent.relative_to(site).as_posix() or "/"] = lines
     assert {} == wide
+
+
+def test_scripts_test_builds_the_docs_without_the_banner() -> None:
+    """``./scripts/test`` sets ``NO_MKDOCS_2_WARNING=1`` before its mkdocs build: without it,
+    mkdocs-material 9.7+ prints an "end of life" banner on every build (the ``site`` fixture
+    asserts that, with it, the build prints nothing)."""
+    script = (ROOT / "scripts" / "test").read_text(encoding="utf-8")
+    assert "export NO_MKDOCS_2_WARNING=1\n" in script
+    assert script.index("export NO_MKDOCS_2_WARNING=1") < script.index("mkdocs build")
