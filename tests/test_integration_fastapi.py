@@ -187,6 +187,24 @@ def test_the_right_decorator_order_does_not_warn() -> None:
     assert ["right-order"] == [c.label for c in cap.calls]
 
 
+MODULE_APP = FastAPI()
+
+
+@MODULE_APP.get("/module")
+def module_route() -> dict[str, int]:
+    """A route of an app that lives in a module's globals."""
+    return {"x": 1}
+
+
+def test_instrument_app_on_a_module_level_app_does_not_warn() -> None:
+    """instrument_app wraps endpoints itself: the wrong-order check (which finds the app in
+    the endpoint's module) stays quiet (filterwarnings=error), and the route is labelled."""
+    assert 1 == instrument_app(MODULE_APP)
+    with capture(sample_every=1) as cap, serve(MODULE_APP) as url:
+        assert [(200, '{"x":1}')] == _get_all(url, ["/module"])
+    assert ["/module"] == [c.label for c in cap.calls]
+
+
 def test_instrument_app_before_the_routes_warns_once_and_labels_them_at_startup() -> None:
     """instrument_app(app) on an app with no routes yet warns once; the routes added after it
     are labelled when the application starts (its lifespan) (#25)."""

@@ -30,7 +30,7 @@ from .scope import FRAME, OFF, Stepped, enter, exit_, sync_call
 _get_frame = FRAME.get
 _set_frame = FRAME.set
 
-__all__ = ["profiled", "region"]
+__all__ = ["label_endpoint", "profiled", "region"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -155,11 +155,17 @@ def _warn_if_route(func: Any, label: str) -> None:
     )
 
 
-def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+def _decorate(
+    func: Callable[P, R],
+    name: str | None,
+    attributes: dict[str, Any] | None,
+    check_route: bool = True,
+) -> Any:
     if isinstance(func, (classmethod, staticmethod)):  # the same descriptor, around a label
         return type(func)(_decorate(func.__func__, name, attributes))
     label = name or default_label(func)
-    _warn_if_route(func, label)
+    if check_route:
+        _warn_if_route(func, label)
     kind = _kind(func)
     attrs = dict(attributes or {})
     code = _code_info(func)
@@ -267,6 +273,12 @@ class _Profiled(wrapt.FunctionWrapper[..., Any]):
             return self
         wrapped = copy.deepcopy(self.__wrapped__, memo)
         return _redecorate(wrapped, self._self_label, self._self_attributes)
+
+
+def label_endpoint(func: Any, label: str, attributes: dict[str, Any]) -> Any:
+    """``profiled(label, attributes=...)(func)`` for a route's endpoint, which the caller
+    puts where the route calls it (``instrument_app``): no check for the wrong order."""
+    return _decorate(func, label, attributes, check_route=False)
 
 
 @overload

@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .. import _global
 from .._config import ProfkitConfigWarning
-from .._label.decorate import profiled
+from .._label.decorate import label_endpoint
 
 __all__ = [
     "MAX_TRIGGER_N",
@@ -183,7 +183,7 @@ def _label(path: str, dependant: Any, attributes: Mapping[str, Any] | None) -> b
     if call is None or id(call) in _WRAPPERS:
         return False
     attrs = {"http.route": path, **(attributes or {})}
-    wrapper = profiled(path, attributes=attrs)(call)
+    wrapper = label_endpoint(call, path, attrs)
     _WRAPPERS[id(wrapper)] = wrapper
     dependant.call = wrapper
     return True
