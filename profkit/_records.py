@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 import time
 from typing import Any, Protocol
 
@@ -81,6 +82,8 @@ class StoppedWindow(Protocol):
 
     id: int
     calls: list[CallRecord]
+    handed: bool
+    """Queued for the export worker, which counts its calls from then on."""
 
     @property
     def recorded(self) -> int: ...
@@ -121,6 +124,15 @@ class CallRecord:
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
     sampler: str = ""
     """The sampler's description, for policy ``SAMPLER``."""
+    counted: int = 0
+    """Which steps of its accounting are done (``profkit._stats.JOINED``, ...): each is
+    counted once, however often an interrupted step is retried."""
+
+    @classmethod
+    def begin(cls, policy: Policy, parent: Any, sampler: str = "") -> CallRecord:
+        """A record for a root call on this thread, before it joins a window."""
+        valid = parent if parent is not None and parent.is_valid else None
+        return cls(None, 0, policy, False, valid, threading.current_thread().name, sampler=sampler)
 
     @property
     def policy_name(self) -> str:
