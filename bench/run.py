@@ -8,9 +8,10 @@ Each section runs in its own fresh interpreter (``bench/<section>.py --json``): 
 sampled, first_call, export, slow, budget, e2e. The markdown goes to stdout, to
 ``bench/out/results.md`` (raw numbers in ``bench/out/results.json``) and into
 ``docs/performance.md`` between the ``<!-- bench:start -->`` and ``<!-- bench:end -->``
-markers. Numbers are medians with their interquartile range over repeats; the load average
-before and after each section is recorded, because the machine these numbers come from is
-shared.
+markers; SVG plots of them (``bench/plots.py``) go to ``bench/out/`` and, with the docs,
+to ``docs/images/bench/``. Numbers are medians with their interquartile range over
+repeats; the load average before and after each section is recorded, because the machine
+these numbers come from is shared.
 
 The exit status is 0 when every section ran, whether or not every target was met (a
 benchmark reports; the table says which targets were missed). It is 1 when a section failed.
@@ -32,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "out"
 DOC = ROOT / "docs" / "performance.md"
+PLOTS = ROOT / "docs" / "images" / "bench"
 START = "<!-- bench:start -->"
 END = "<!-- bench:end -->"
 SECTIONS = ("overhead", "sampled", "first_call", "export", "slow", "budget", "e2e")
@@ -175,7 +177,18 @@ def render(results: dict[str, dict[str, Any]], quick: bool, total_s: float) -> s
     for name, result in results.items():
         module = __import__(name)
         parts += ["", f"### {titles[name]}", "", module.render(result)]
-    return "\n".join(parts) + "\n"
+    return separate_tables("\n".join(parts) + "\n")
+
+
+def separate_tables(markdown: str) -> str:
+    """A blank line between a caption line and the table under it: without one, Markdown
+    reads the table as more lines of the caption's paragraph (raw ``|`` text on the page)."""
+    out: list[str] = []
+    for line in markdown.split("\n"):
+        if line.startswith("|") and out and out[-1].strip() and not out[-1].startswith("|"):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 def update_doc(table: str) -> None:
@@ -221,8 +234,13 @@ def main() -> int:
         OUT.mkdir(exist_ok=True)
         (OUT / "results.md").write_text(table, encoding="utf-8")
         (OUT / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        sys.path.insert(0, str(HERE))
+        from plots import write_all
+
+        write_all(results, OUT)
         if not args.quick and not failed and args.only == list(SECTIONS):
             update_doc(table)  # the docs quote full runs of every section only
+            write_all(results, PLOTS)  # and show their plots
     return 1 if failed else 0
 
 

@@ -3,7 +3,9 @@
 * ``python -m profkit demo``: a small model served over HTTP on 127.0.0.1, driven by its own
   client, 1 request in N profiled, each sampled call printed on stdout (:mod:`profkit._demo`).
 * ``python -m profkit report FILE...``: per label, a rollup of the JSON lines profkit wrote
-  (samples, duration p50/p95, verdict counts, top ops by median self time) (:mod:`profkit._report`).
+  (samples, duration p50/p95, verdict counts, top ops by median self time) (:mod:`profkit._report`);
+  ``--html OUT.html`` writes it as one self-contained page, with a waterfall per sample
+  (:mod:`profkit._html`).
 * ``python -m profkit diff BEFORE AFTER``: per label, each op's and region's per-call time
   before and after, the ratio and whether the change is significant (:mod:`profkit._diff`).
 * ``python -m profkit --version``.
@@ -21,7 +23,7 @@ from ._version import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: ``demo``, ``report`` and ``diff`` sub-commands, ``--version``."""
-    from . import _demo, _diff, _report
+    from . import _demo, _diff, _html, _report
 
     parser = argparse.ArgumentParser(
         prog="python -m profkit", description="profkit's demo, report and diff tools."
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=_report.DESCRIPTION,
     )
     _report.add_arguments(report)
+    _html.add_arguments(report)
     changes = sub.add_parser(
         "diff",
         help="what changed between two sets of profkit JSON lines, per label",
@@ -52,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen command; its exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "report" and args.html:
+        from . import _html
+
+        return _html.run(args)
     if args.command == "report":
         from . import _report
 

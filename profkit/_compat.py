@@ -6,11 +6,13 @@ one of them changes upstream, this is the one module to mend.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
+import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ __all__ = [
     "BAGGAGE_KEY",
     "SPAN_KEY",
     "clear_profiler_flag",
+    "kineto_quiet",
     "otel_current",
     "peek_count",
     "profiler_enabled_here",
@@ -54,6 +57,34 @@ otel_current = _find_otel_current()
 SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 #: the key of OTel's baggage in a context, found the same way
 BAGGAGE_KEY = next(iter(baggage.set_baggage("profkit.profile", "1", otel_context.Context())))
+
+
+#: kineto's log level above its highest (``USDT`` = 5): no ``USDT ... profiler_start`` lines
+KINETO_QUIET_LEVEL = "6"
+
+
+@contextlib.contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Around the process's first profiler start: kineto without its per-window stderr lines.
+
+    Kineto logs ``USDT: ... profiler_start`` and ``profiler_stop`` on stderr at every start
+    and stop, at its highest level (5: ``KINETO_LOG_LEVEL=3``, errors only, leaves them).
+    It reads ``KINETO_LOG_LEVEL`` once, in ``libkineto_init``, at the first profiler start
+    of the process, not at ``import torch`` (measured on torch 2.13: set after the import
+    and before the first start, the variable hides them for the life of the process, even
+    once removed again; set after a first start, it changes nothing; no Python API in
+    ``torch._C._profiler`` or ``torch.autograd`` sets kineto's level). So the variable is
+    set to 6 for that first start only, unless the user set it, and removed again after it
+    so that child processes inherit the user's environment.
+    """
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 def peek_count(count: itertools.count[int]) -> int:

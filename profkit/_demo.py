@@ -7,7 +7,6 @@ The request count is bounded, and the server listens on loopback only.
 """
 
 import argparse
-import os
 import socket
 import sys
 import threading
@@ -18,15 +17,16 @@ DESCRIPTION = """\
 Serve a small model with FastAPI under uvicorn on 127.0.0.1 (a free port), send it a bounded
 number of requests from the demo's own client, and print each sampled call on stdout as it
 is exported: the SERVER span of its request, then its readable summary (with --json, one
-JSON line instead). --no-server runs the same model in a plain loop. Progress and counters
-go to stderr. No collector is needed: spans are made by a local OpenTelemetry SDK provider.
+JSON line instead). --no-server calls the same handler in a plain loop instead: no server,
+no HTTP, no request spans. torch runs one intra-op thread (the model is tiny, and the client
+shares the cores), so the times are the model's. Progress and counters go to stderr. No
+collector is needed: spans are made by a local OpenTelemetry SDK provider.
 """
 
 FEATURES = 256
 MODEL_NAME = "mlp-256-512-10"
-
-#: kineto's log level above its highest (USDT = 5): no "USDT ... profiler_start" lines
-QUIET_KINETO = "6"
+#: torch's intra-op threads in the demo
+THREADS = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
     if args.calls < 1 or args.every < 1 or args.batch < 1:
         print("--calls, --every and --batch must be >= 1", file=sys.stderr)
         return 2
-    os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)  # before the first profiler start
     import torch
 
-    torch.set_num_threads(1)  # a tiny model: one intra-op thread, leave a core to the client
+    # a tiny model: one intra-op thread (torch's default, one per core, competes with the
+    # server, the client and the export thread for the same cores: addmm then reads 10x)
+    torch.set_num_threads(THREADS)
     return _loop(args) if args.no_server else _serve(args)
 
 
@@ -113,7 +114,7 @@ def _under(call: Any, servers: dict[int, str]) -> str:
     """``── in SERVER span 'POST /predict' (trace …)``: where the call's span sits."""
     parent = call.parent_span_context
     if parent is None:
-        return "── no request span was active"
+        return "── no request span (--no-server: a plain loop)"
     name = servers.get(parent.span_id)
     where = f"SERVER span {name!r}" if name else "span"
     return f"── in {where} {parent.span_id:016x}, trace {parent.trace_id:032x}"
@@ -143,16 +144,15 @@ def _configure(args: argparse.Namespace, provider: Any, servers: dict[int, str])
     )
 
 
-def _finish(args: argparse.Namespace, served: int, failed: int, elapsed: float) -> int:
-    """Flush, print the counters, shut down; the exit status."""
+def _finish(done: str, failed: int) -> int:
+    """Flush, print what was done and the counters, shut down; the exit status."""
     import profkit
 
     ok = profkit.force_flush(10.0)
     stats = profkit.stats()
     profkit.shutdown(5.0)
     _say(
-        f"served {served} requests ({failed} failed) in {elapsed:.2f} s; "
-        f"sampled {stats['sampled']}, exported {stats['exported']}, "
+        f"{done}; sampled {stats['sampled']}, exported {stats['exported']}, "
         f"dropped {stats['dropped']}, errors {stats['errors']}",
     )
     return 0 if ok and failed == 0 and stats["errors"] == 0 else 1
@@ -164,31 +164,25 @@ def _finish(args: argparse.Namespace, served: int, failed: int, elapsed: float) 
 def _loop(args: argparse.Namespace) -> int:
     import torch
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import SpanKind
 
     import profkit
 
     model = build_model()
-    servers: dict[int, str] = {}
-    provider = TracerProvider()
-    provider.add_span_processor(_server_spans(servers))
-    tracer = provider.get_tracer("profkit-demo")
 
     @profkit.profiled("predict", attributes={"model": MODEL_NAME})
     def predict(rows: list[list[float]]) -> list[int]:
         return predict_rows(model, rows)
 
-    _configure(args, provider, servers)
-    _say(f"profkit demo (no server): {args.calls} calls, 1 in {args.every} profiled")
+    _configure(args, TracerProvider(), {})
+    _say(
+        f"profkit demo --no-server: {args.calls} calls of the handler in a plain loop (no "
+        f"server, no request spans), 1 in {args.every} profiled, torch threads {THREADS}"
+    )
     rows = torch.randn(args.batch, FEATURES).tolist()
     t0 = time.perf_counter()
-    for i in range(args.calls):
-        request = {"request.id": i}
-        with tracer.start_as_current_span(
-            "POST /predict", kind=SpanKind.SERVER, attributes=request
-        ):
-            predict(rows)
-    return _finish(args, args.calls, 0, time.perf_counter() - t0)
+    for _ in range(args.calls):
+        predict(rows)
+    return _finish(f"ran {args.calls} calls in {time.perf_counter() - t0:.2f} s", 0)
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -256,7 +250,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         _say(
             f"profkit demo: serving on {url}; sending {args.calls} requests, "
-            f"1 in {args.every} profiled"
+            f"1 in {args.every} profiled, torch threads {THREADS}"
         )
         t0 = time.perf_counter()
         failed = _drive(httpx, url, args)
@@ -265,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
         server.should_exit = True
         thread.join(10.0)
         sock.close()
-    return _finish(args, args.calls, failed, elapsed)
+    return _finish(f"served {args.calls} requests ({failed} failed) in {elapsed:.2f} s", failed)
 
 
 def _fresh() -> bool:

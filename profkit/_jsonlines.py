@@ -2,8 +2,9 @@
 
 The lines are the ``"json"`` exporter's (one ``profkit.profile`` object per call, its op rows
 as ``top_ops``) or structlog's JSON rendering of the ``"log"`` exporter's events (a
-``profkit.profile`` event per call, a ``profkit.op`` event per row); every other line (text
-logs, a compact rendering, anything else) is skipped.
+``profkit.profile`` event per call, a ``profkit.op`` event per row), and the log exporter's
+compact lines under an unconfigured structlog (:func:`profkit.exporters.logs.parse_compact`);
+every other line (text logs, anything else) is skipped.
 
 Any input is read without raising: a line that looks like JSON but does not parse, and a
 profkit event whose label, duration or op time is not what profkit writes (null, a string,
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from ._text import clean
+from .exporters.logs import parse_compact
 
 __all__ = ["Sample", "expand", "lines", "read", "read_samples", "write"]
 
@@ -51,6 +53,8 @@ class Sample:
     """The call was profiled while its label was cold (``cold`` / ``profkit.cold`` true)."""
     shares: list[float] = dataclasses.field(default_factory=list)
     """A batch (``profkit.batch``): each member's share of it (empty for any other call)."""
+    event: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """The ``profkit.profile`` event as read (regions, ids, start time: the HTML page's)."""
 
 
 _EVENTS = ("profkit.profile", "profkit.op")
@@ -62,6 +66,9 @@ def _events(lines: Iterable[str], bad: list[int]) -> Iterator[dict[str, Any]]:
     for line in lines:
         text = line.strip()
         if not text.startswith("{"):
+            compact = parse_compact(text) if "profkit.profile" in text else None
+            if compact is not None:  # the log exporter's line under structlog's defaults
+                yield compact
             continue
         try:
             event = json.loads(text)
@@ -123,6 +130,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
             verdict = _key(event.get("diagnosis")) or "none"
             sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
             sample.cold = event.get("cold") is True or event.get("profkit.cold") is True
+            sample.event = event
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)

@@ -1,7 +1,9 @@
 """``python -m profkit report FILE...``: what many samples of each label say together.
 
 Reads JSON lines, the ``"json"`` exporter's (``./scripts/demo --json``) or structlog's JSON
-rendering of the ``"log"`` exporter's events, skipping every other line, and prints per
+rendering of the ``"log"`` exporter's events, and the log exporter's compact lines under an
+unconfigured structlog (:func:`profkit.exporters.logs.parse_compact`), skipping every other
+line, and prints per
 label: the number of samples, the call duration's p50 and p95, how many samples got each
 verdict, and the top ops by median self CPU time over the samples that list them, with the
 spread (p25-p75) and in how many samples each appears. ``--json`` prints the same as JSON.
@@ -35,7 +37,8 @@ from ._text import clean
 
 DESCRIPTION = """\
 Roll up profkit's JSON lines (the json exporter's, or structlog's JSON of the log
-exporter's events; other lines are skipped) per label: samples, call duration p50 and p95
+exporter's events) and the log exporter's compact lines (structlog unconfigured; other
+lines are skipped) per label: samples, call duration p50 and p95
 (nearest rank), verdict counts (how many borderline), and the top ops by median self CPU
 time over the samples that list them, with their p25-p75 spread.
 """

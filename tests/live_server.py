@@ -13,12 +13,14 @@ import uvicorn
 
 
 @contextlib.contextmanager
-def serve(app: Any, timeout: float = 30.0) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 (a free port) while the block runs; yields the base URL."""
+def serve(app: Any, timeout: float = 30.0, lifespan: str = "off") -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a free port) while the block runs; yields the base URL.
+
+    ``lifespan="on"`` runs the app's start-up and shutdown (uvicorn's setting)."""
     sock = socket.socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan)
     config.reset_contextvars = True
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

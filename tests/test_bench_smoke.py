@@ -56,3 +56,59 @@ def test_first_call_script_has_a_usable_cli() -> None:
     assert result.returncode == 0, result.stderr
     for flag in ("--quick", "--json", "--processes", "--calls"):
         assert flag in result.stdout
+
+
+def _spread(median: float) -> dict[str, float]:
+    return {"median": median, "q1": median * 0.9, "q3": median * 1.1, "min": median * 0.8}
+
+
+def test_plots_are_svg_of_the_results(tmp_path: Path) -> None:
+    """bench/plots.py draws the three plots the docs show, as SVG with the results' rows."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import xml.etree.ElementTree as ET
+
+    from plots import write_all
+
+    results = {
+        "overhead": {
+            "rows_ns": {"bare call": _spread(37), "raw record_function": _spread(6320)},
+            "ratio_to_record_function": _spread(0.104),
+        },
+        "sampled": {
+            "rows": [
+                {"model": "mlp", "top_k": 10, "events": 23}
+                | {k: _spread(0.5) for k in ("raw_overhead_ms", "profkit_extra_ms", "recording_ms")}
+            ]
+        },
+        "e2e": {"rows": {"off": {"rps": _spread(2633)}, "100": {"rps": _spread(2476)}}},
+    }
+    paths = write_all(results, tmp_path)
+    assert ["off_sample.svg", "window_parts.svg", "throughput.svg"] == [p.name for p in paths]
+    texts = {p.name: p.read_text(encoding="utf-8") for p in paths}
+    for text in texts.values():
+        assert ET.fromstring(text).tag == "{http://www.w3.org/2000/svg}svg"
+    assert "raw record_function" in texts["off_sample.svg"]
+    assert "profkit beyond torch" in texts["window_parts.svg"]
+    assert "without profkit" in texts["throughput.svg"]
+    assert "1-in-100 (no cap)" in texts["throughput.svg"]
+
+
+def test_performance_page_shows_the_generated_plots() -> None:
+    """docs/performance.md shows every plot bench/run.py writes into docs/images/bench/."""
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    shown = [
+        name
+        for name in ("off_sample", "window_parts", "throughput")
+        if f"](images/bench/{name}.svg)" in page
+    ]
+    assert 3 == len(shown)
+    assert all((ROOT / "docs" / "images" / "bench" / f"{n}.svg").is_file() for n in shown)
+
+
+def test_tables_are_separated_from_their_captions() -> None:
+    """A caption line directly above a table gets a blank line (Markdown: else one paragraph)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from run import separate_tables
+
+    text = "caption\n| a |\n|---|\n| 1 |\n\n| b |\n|---|\n"
+    assert "caption\n\n| a |\n|---|\n| 1 |\n\n| b |\n|---|\n" == separate_tables(text)

@@ -50,6 +50,7 @@ def test_demo_serves_and_prints_summaries_under_server_spans() -> None:
     assert 4 == len({m.group(2) for m in headers})  # one trace per request, none leaked
     assert "USDT" not in result.stdout + result.stderr
     assert "served 40 requests (0 failed)" in result.stderr
+    assert "torch threads 1" in result.stderr
     assert "sampled 4, exported 4, dropped 0, errors 0" in result.stderr
 
 
@@ -65,12 +66,16 @@ def test_demo_json_prints_only_json_lines() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_demo_without_server_keeps_the_plain_loop() -> None:
-    """``--no-server``: the loop under hand-made SERVER spans, summaries on stdout."""
+def test_demo_without_server_says_what_it_does() -> None:
+    """``--no-server``: a plain loop, summaries on stdout, no SERVER span, no "served" lie."""
     result = run_demo("--no-server", "--calls", "30", "--every", "10")
-    headers = [line for line in result.stdout.splitlines() if HEADER.match(line)]
-    assert 3 == len(headers)
     assert 3 == result.stdout.count("profkit ▸ predict ")
+    assert 3 == result.stdout.count("── no request span (--no-server: a plain loop)\n")
+    assert "SERVER" not in result.stdout + result.stderr
+    assert "served" not in result.stderr
+    assert "ran 30 calls in " in result.stderr
+    assert "plain loop (no server, no request spans)" in result.stderr
+    assert "torch threads 1" in result.stderr
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

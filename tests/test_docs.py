@@ -7,6 +7,10 @@ a test of its own (``FILE_BLOCKS`` says which). Python that cannot run alone is 
 ```` ```py title="Fragment: ..." ````, so that readers see it is a fragment; it must still
 parse. Other fences: ```` ```bash ```` for commands, ```` ```text ```` for output,
 ```` ```yaml ```` for configuration files.
+
+Output comments: in a block that runs, a comment after a top-level ``print(...)`` says what
+it prints (``print(a, b)  # 1 1``; ``# -> 1 1`` is the same) and is checked, line by line, in
+order, against what the block printed; prose goes on a line of its own.
 """
 
 from __future__ import annotations
@@ -100,15 +104,61 @@ def test_file_blocks_are_run_by_their_tests() -> None:
     ("page", "line", "code"), _BLOCKS, ids=[f"{page}:{line}" for page, line, _ in _BLOCKS]
 )
 def test_python_block_runs(
-    page: str, line: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    page: str,
+    line: int,
+    code: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A ```python block in the docs runs without error (asserts in it included)."""
+    """A ```python block in the docs runs without error (asserts in it included) and prints
+    what its output comments say."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
     try:
         exec(compile(code, f"docs/{page}:{line}", "exec"), namespace)
     finally:
         reset()
+    printed = capsys.readouterr().out.splitlines()
+    assert [] == unmet_output_comments(output_comments(code), printed)
+
+
+def output_comments(code: str) -> list[tuple[int, str]]:
+    """(line, text) of each comment after a top-level ``print(...)`` statement in ``code``."""
+    lines = code.splitlines()
+    found = []
+    for node in ast.parse(code).body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "print"):
+            continue
+        tail = lines[node.end_lineno - 1][node.end_col_offset :]  # type: ignore[operator]
+        comment = tail.strip()
+        if comment.startswith("#"):
+            text = comment[1:].strip()
+            found.append((node.lineno, text[3:] if text.startswith("-> ") else text))
+    return found
+
+
+def unmet_output_comments(expected: list[tuple[int, str]], printed: list[str]) -> list[str]:
+    """The output comments not matched, in order, by a printed line (each line used once)."""
+    unmet, at = [], 0
+    for line, text in expected:
+        rest = [i for i in range(at, len(printed)) if printed[i].strip() == text]
+        if rest:
+            at = rest[0] + 1
+        else:
+            unmet.append(f"line {line}: expected {text!r}, printed {printed[at:]!r}")
+    return unmet
+
+
+def test_output_comments_are_checked() -> None:
+    """A wrong output comment is caught; prose on its own line and ``# ->`` are understood."""
+    code = "x = 1\n# prose\nprint(x, x)  # 1 1\nprint(2)  # -> 2\nprint(3)  # 4\n"
+    expected = output_comments(code)
+    assert [(3, "1 1"), (4, "2"), (5, "4")] == expected
+    assert ["line 5: expected '4', printed ['3']"] == unmet_output_comments(
+        expected, ["1 1", "2", "3"]
+    )
 
 
 def test_docs_name_no_private_module() -> None:

@@ -156,18 +156,71 @@ def test_extra_attributes_reach_every_route() -> None:
     assert expected == dict(cap.calls[0].root.attributes)
 
 
-def test_wrong_decorator_order_is_what_instrument_app_avoids() -> None:
-    """@profiled above @app.get profiles nothing (FastAPI keeps the undecorated function)."""
+def test_wrong_decorator_order_warns() -> None:
+    """@profiled above @app.get profiles nothing (FastAPI keeps the undecorated function):
+    a ProfkitConfigWarning says so, naming the route, at the handler's line (#25)."""
     app = FastAPI()
 
-    @profkit.profiled("wrong-order")
+    with pytest.warns(profkit.ProfkitConfigWarning, match="above the route decorator of '/x'"):
+
+        @profkit.profiled("wrong-order")
+        @app.get("/x")
+        def handler() -> dict[str, int]:
+            return {"x": 1}
+
+    with capture(sample_every=1) as cap, serve(app) as url:
+        assert [(200, '{"x":1}')] == _get_all(url, ["/x"])
+    assert 0 == cap.stats["root_calls"]
+
+
+def test_the_right_decorator_order_does_not_warn() -> None:
+    """@app.get above @profiled: the route calls the wrapper, no warning (filterwarnings=error)."""
+    app = FastAPI()
+
     @app.get("/x")
+    @profkit.profiled("right-order")
     def handler() -> dict[str, int]:
         return {"x": 1}
 
     with capture(sample_every=1) as cap, serve(app) as url:
         assert [(200, '{"x":1}')] == _get_all(url, ["/x"])
-    assert 0 == cap.stats["root_calls"]
+    assert ["right-order"] == [c.label for c in cap.calls]
+
+
+MODULE_APP = FastAPI()
+
+
+@MODULE_APP.get("/module")
+def module_route() -> dict[str, int]:
+    """A route of an app that lives in a module's globals."""
+    return {"x": 1}
+
+
+def test_instrument_app_on_a_module_level_app_does_not_warn() -> None:
+    """instrument_app wraps endpoints itself: the wrong-order check (which finds the app in
+    the endpoint's module) stays quiet (filterwarnings=error), and the route is labelled."""
+    assert 1 == instrument_app(MODULE_APP)
+    with capture(sample_every=1) as cap, serve(MODULE_APP) as url:
+        assert [(200, '{"x":1}')] == _get_all(url, ["/module"])
+    assert ["/module"] == [c.label for c in cap.calls]
+
+
+def test_instrument_app_before_the_routes_warns_once_and_labels_them_at_startup() -> None:
+    """instrument_app(app) on an app with no routes yet warns once; the routes added after it
+    are labelled when the application starts (its lifespan) (#25)."""
+    app = FastAPI()
+    with pytest.warns(profkit.ProfkitConfigWarning, match="found no routes"):
+        assert 0 == instrument_app(app)
+    assert 0 == instrument_app(app)  # once: no second warning (filterwarnings=error)
+
+    @app.get("/later")
+    def later() -> dict[str, float]:
+        return {"sum": float(torch.ones(4).sum())}
+
+    with capture(sample_every=1) as cap, serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] == _get_all(url, ["/later"])
+        assert profkit.force_flush(30.0)
+    assert ["/later"] == [c.label for c in cap.calls]
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from .._compat import clear_profiler_flag, profiler_enabled_here, profiler_flag
+from .._compat import clear_profiler_flag, kineto_quiet, profiler_enabled_here, profiler_flag
 from .._config import Config
 from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
@@ -89,7 +89,8 @@ def prime(config: Config) -> float:
         _started_in_pid = os.getpid()
         # first (it pays the first start): the tiny profile below then leaves torch's
         # profiler state as small as before, for the first sampled call
-        _per_event[key] = measure_recording(config)
+        with kineto_quiet():  # the process's first start, where kineto reads its log level
+            _per_event[key] = measure_recording(config)
         prof = make_profiler(config)
         with ours():
             prof.start()

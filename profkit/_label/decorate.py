@@ -15,11 +15,13 @@ import functools
 import inspect
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
+from .._config import ProfkitConfigWarning
 from .._model import CodeInfo
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive
@@ -28,7 +30,7 @@ from .scope import FRAME, OFF, enter, exit_, sync_call
 _get_frame = FRAME.get
 _set_frame = FRAME.set
 
-__all__ = ["profiled", "region"]
+__all__ = ["label_endpoint", "profiled", "region"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -114,10 +116,56 @@ def default_label(func: Any) -> str:
     return f"{getattr(type(target), '__qualname__', 'callable')}.__call__"
 
 
-def _decorate(func: Callable[P, R], name: str | None, attributes: dict[str, Any] | None) -> Any:
+def _route_calling(func: Any) -> str | None:
+    """The path of a FastAPI/Starlette route that calls ``func`` itself, found among the
+    globals of ``func``'s module and the locals of the code that decorates it; None when
+    there is none (or neither framework is imported)."""
+    if "starlette" not in sys.modules:
+        return None
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back  # the first frame outside this module: the decorating code
+    values = [*frame.f_locals.values()]
+    namespace = getattr(func, "__globals__", None)
+    if isinstance(namespace, dict) and namespace is not frame.f_locals:
+        values.extend(namespace.values())
+    for value in values:
+        if not type(value).__module__.startswith(("fastapi", "starlette")):
+            continue  # (no getattr on anything else: a lazy proxy could run code)
+        for route in getattr(value, "routes", None) or ():
+            if getattr(route, "endpoint", None) is func:
+                return str(getattr(route, "path", "?"))
+    return None
+
+
+def _warn_if_route(func: Any, label: str) -> None:
+    """``@profiled`` above ``@app.get(...)``: the route calls the function, not the wrapper."""
+    path = _route_calling(func)
+    code = getattr(func, "__code__", None)
+    if path is None or code is None:
+        return
+    warnings.warn_explicit(
+        f"@profkit.profiled is above the route decorator of {path!r}: the route calls "
+        f"{label!r} itself, never profkit's wrapper, so it is never profiled; put "
+        "@profkit.profiled below the route decorator, or call instrument_app(app) once the "
+        "routes are added",
+        ProfkitConfigWarning,
+        code.co_filename,
+        code.co_firstlineno,
+    )
+
+
+def _decorate(
+    func: Callable[P, R],
+    name: str | None,
+    attributes: dict[str, Any] | None,
+    check_route: bool = True,
+) -> Any:
     if isinstance(func, (classmethod, staticmethod)):  # the same descriptor, around a label
         return type(func)(_decorate(func.__func__, name, attributes))
     label = name or default_label(func)
+    if check_route:
+        _warn_if_route(func, label)
     kind = _kind(func)
     attrs = dict(attributes or {})
     code = _code_info(func)
@@ -225,6 +273,12 @@ class _Profiled(wrapt.FunctionWrapper[..., Any]):
             return self
         wrapped = copy.deepcopy(self.__wrapped__, memo)
         return _redecorate(wrapped, self._self_label, self._self_attributes)
+
+
+def label_endpoint(func: Any, label: str, attributes: dict[str, Any]) -> Any:
+    """``profiled(label, attributes=...)(func)`` for a route's endpoint, which the caller
+    puts where the route calls it (``instrument_app``): no check for the wrong order."""
+    return _decorate(func, label, attributes, check_route=False)
 
 
 @overload

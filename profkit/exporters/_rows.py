@@ -93,7 +93,12 @@ def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
         "policy": call.policy,
         "attribution": call.attribution,
         "regions": [
-            {"region": s.label, "duration_us": round(s.duration_us, 3), "parent": s.parent}
+            {
+                "region": s.label,
+                "start_us": round((s.start_ns - root.start_ns) / 1000.0, 3),
+                "duration_us": round(s.duration_us, 3),
+                "parent": s.parent,
+            }
             for s in call.scopes[1:]
         ],
     }

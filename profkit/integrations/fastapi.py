@@ -19,8 +19,10 @@ route changes (path, OpenAPI schema, dependencies, response model).
 
 The same convention as ``FastAPIInstrumentor.instrument_app`` and
 ``logfire.instrument_fastapi``: call it once the routes exist. It is idempotent, so calling
-it again after ``include_router`` labels the routes added since. WebSocket routes and mounted
-sub-applications are left alone.
+it again after ``include_router`` labels the routes added since; routes added after it are
+also labelled when the application starts (its lifespan), and an app with no routes yet
+gets a ``ProfkitConfigWarning``. WebSocket routes and mounted sub-applications are left
+alone.
 
 It also flushes profkit when the application shuts down (its lifespan, the app's own
 shutdown code included, is wrapped once): under uvicorn, SIGTERM ends in a graceful
@@ -38,7 +40,8 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -56,7 +59,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import _global
-from .._label.decorate import profiled
+from .._config import ProfkitConfigWarning
+from .._label.decorate import label_endpoint
 
 __all__ = [
     "MAX_TRIGGER_N",
@@ -74,6 +78,11 @@ admin endpoint (``add_trigger_route``), never a root call."""
 _FLUSHING: dict[int, Any] = {}
 """The routers whose lifespan already flushes profkit on shutdown, by id (kept alive so that
 ids stay unique; wrapped once)."""
+_RELABEL: dict[int, Callable[[], int]] = {}
+"""Per router (by id, kept alive by ``_FLUSHING``): label the routes added since the latest
+``instrument_app`` call, with its options; run as the application starts."""
+_EMPTY_WARNED: dict[int, Any] = {}
+"""The apps ``instrument_app`` warned about having no routes (once each; kept alive)."""
 #: seconds the flush on application shutdown may take
 SHUTDOWN_FLUSH_S = 5.0
 
@@ -100,24 +109,47 @@ def instrument_app(
     Returns:
         How many routes were labelled by this call (0 when all already were).
     """
-    _flush_on_shutdown(app)
     skip = set(exclude)
+    _flush_on_shutdown(app, lambda: _label_routes(app, skip, attributes))
+    routes = list(_api_routes(app))
+    if not routes and id(app) not in _EMPTY_WARNED:
+        _EMPTY_WARNED[id(app)] = app
+        warnings.warn(
+            "instrument_app(app) found no routes: routes added after it are labelled only "
+            "when the application starts (its lifespan; not with lifespan='off'); call "
+            "instrument_app(app) once the routes are added",
+            ProfkitConfigWarning,
+            stacklevel=2,
+        )
+    return _label_routes(app, skip, attributes, routes)
+
+
+def _label_routes(
+    app: FastAPI,
+    skip: set[str],
+    attributes: Mapping[str, Any] | None,
+    routes: list[tuple[str, Any]] | None = None,
+) -> int:
     labelled = 0
-    for path, dependant in _api_routes(app):
+    for path, dependant in _api_routes(app) if routes is None else routes:
         if path not in skip and _label(path, dependant, attributes):
             labelled += 1
     return labelled
 
 
-def _flush_on_shutdown(app: FastAPI) -> None:
-    """Wrap the app's lifespan once: on shutdown, flush profkit before the app's own code."""
+def _flush_on_shutdown(app: FastAPI, relabel: Callable[[], int]) -> None:
+    """Wrap the app's lifespan once: on start-up, label the routes added since
+    ``instrument_app`` (``relabel``, the latest call's); on shutdown, flush profkit before
+    the app's own code."""
     router = app.router
+    _RELABEL[id(router)] = relabel
     if id(router) in _FLUSHING:
         return
     inner = router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
+        _RELABEL[id(router)]()
         async with inner(asgi_app) as state:
             try:
                 yield state
@@ -151,7 +183,7 @@ def _label(path: str, dependant: Any, attributes: Mapping[str, Any] | None) -> b
     if call is None or id(call) in _WRAPPERS:
         return False
     attrs = {"http.route": path, **(attributes or {})}
-    wrapper = profiled(path, attributes=attrs)(call)
+    wrapper = label_endpoint(call, path, attrs)
     _WRAPPERS[id(wrapper)] = wrapper
     dependant.call = wrapper
     return True

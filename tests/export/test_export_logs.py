@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from fresh_interpreter import ROOT, SCRIPTS
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from structlog.testing import capture_logs
@@ -196,3 +201,38 @@ def test_log_events_carry_the_call_start_time() -> None:
     expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d}Z"
     events = _events(logs, "profkit.profile") + _events(logs, "profkit.op")
     assert {expected} == {e["start_time"] for e in events}
+
+
+@pytest.mark.timeout(200)
+def test_unconfigured_structlog_gets_one_compact_line_per_call_that_report_reads(
+    tmp_path: Path,
+) -> None:
+    """structlog not configured: one ``profkit.profile`` line per call (label, duration,
+    diagnosis, top ops, ids; no op rows), and ``profkit report`` rolls those lines up (#25)."""
+    out = tmp_path / "stdout.log"
+    # a fresh interpreter (structlog never configured); its stdout, as a service's log holds it
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "log_exporter_unconfigured.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=150,
+        check=True,
+    )
+    out.write_text(proc.stdout, encoding="utf-8")
+    assert proc.stdout.endswith('REPORT {"flushed": true, "exported": 5}\n'), proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "profkit." in line]
+    assert 5 == len(lines)
+    assert all(" profkit.profile " in line and len(line) < 400 for line in lines), lines
+    assert all("label=predict" in line and "aten::" in line for line in lines)
+    report = subprocess.run(
+        [sys.executable, "-m", "profkit", "report", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+    assert (0, "") == (report.returncode, report.stderr)
+    assert report.stdout.startswith("predict  5 samples  duration p50 ")
+    assert "aten::mm" in report.stdout

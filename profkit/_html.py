@@ -1,0 +1,264 @@
+"""``python -m profkit report --html OUT.html FILE...``: the report as one self-contained page.
+
+Inline CSS and SVG only: no script, no font, no image, no link off the page, so it opens
+from disk and can be mailed or attached to a ticket. Per label: a histogram of the sampled
+calls' durations, the verdict counts, and the op table over the samples (median self CPU
+time, p25-p75 spread, in how many samples each op appears). Per sample (the latest
+:data:`SAMPLES_PER_LABEL` of each label): a waterfall of its regions on the profiler's own
+timestamps (``start_us`` of each region, in µs after the call began) and its op table.
+``--baseline OTHER...`` puts another set of samples beside them ("before" / "after").
+
+Everything the page prints from the files is HTML-escaped and cleaned of control
+characters (:func:`profkit._text.clean`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._jsonlines import lines as _lines
+from ._jsonlines import write as _write
+from ._report import LabelRollup, Sample, percentile, read, rollup
+from ._text import clean
+
+__all__ = ["SAMPLES_PER_LABEL", "add_arguments", "page", "run"]
+
+#: samples per label drawn as waterfalls (the latest ones); the histogram and the op table
+#: use every sample
+SAMPLES_PER_LABEL = 50
+#: samples per label shown unfolded (the latest)
+OPEN = 2
+#: op rows per label table and per sample
+TOP = 10
+_BINS = 24
+_W = 760  # the SVGs' width in px (the content column)
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:820px;color:#1b1f24}
+h1{font-size:22px}h2{font-size:18px;border-top:1px solid #d0d7de;padding-top:16px}
+table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
+td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #eaeef2}
+td:first-child,th:first-child{text-align:left;font-family:ui-monospace,monospace}
+.meta{color:#57606a}.cols{display:flex;gap:16px}.cols>div{flex:1;min-width:0}
+details{margin:6px 0}summary{cursor:pointer;font-family:ui-monospace,monospace}
+svg{display:block;max-width:100%}svg text{font:11px system-ui,sans-serif;fill:#1b1f24}
+.after{fill:#0969da}.before{fill:#bf8700}.region{fill:#54aeff}.root{fill:#d0d7de}
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--html OUT`` and ``--baseline FILE...`` (on the report's parser)."""
+    parser.add_argument("--html", metavar="OUT", help="write the report as one HTML page")
+    parser.add_argument(
+        "--baseline",
+        nargs="+",
+        metavar="OTHER",
+        default=[],
+        help="with --html: samples to show beside FILE's, as 'before'",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the page to ``args.html``; 1 when a file cannot be read or none holds samples."""
+    unreadable: list[str] = []
+    after, skipped = read(_lines(list(args.files), unreadable))
+    before, skipped_before = read(_lines(list(args.baseline), unreadable))
+    text = page(after, before, title=" ".join(args.files))
+    try:
+        with open(args.html, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        unreadable.append(f"cannot write {clean(args.html, 200)}: {exc.strerror or exc}")
+    for problem in unreadable:
+        _write(sys.stderr, f"profkit report: {problem}\n")
+    if skipped + skipped_before:
+        _write(sys.stderr, f"profkit report: skipped {skipped + skipped_before} unreadable lines\n")
+    return 0 if after and not unreadable else 1
+
+
+def _e(value: object, limit: int = 200) -> str:
+    return html.escape(clean(str(value), limit), quote=True)
+
+
+def page(samples: Sequence[Sample], baseline: Sequence[Sample] = (), title: str = "") -> str:
+    """The whole page for ``samples`` (and ``baseline``, shown as "before")."""
+    now = {r.label: r for r in rollup(samples, top=TOP)}
+    then = {r.label: r for r in rollup(baseline, top=TOP)}
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>profkit report {_e(title, 120)}</title><style>{_CSS}</style></head><body>",
+        "<h1>profkit report</h1>",
+        f"<p class=meta>{len(samples)} samples of {len(now)} labels from {_e(title, 300)}"
+        + (f"; baseline: {len(baseline)} samples" if baseline else "")
+        + ". One sample is noisy: read medians and counts over many.</p>",
+    ]
+    labels = list(now) + [label for label in then if label not in now]
+    for number, label in enumerate(labels, 1):
+        mine = [s for s in samples if s.label == label]
+        section = _label_section(label, now.get(label), then.get(label), mine, baseline)
+        parts.append(f"<section id=label-{number}>{section}</section>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def _label_section(
+    label: str,
+    now: LabelRollup | None,
+    then: LabelRollup | None,
+    mine: list[Sample],
+    baseline: Sequence[Sample],
+) -> str:
+    theirs = [s for s in baseline if s.label == label]
+    out = [f"<h2>{_e(label)}</h2>"]
+    out.append(_histogram(mine, theirs))
+    if then is None:
+        out.append(_summary(now))
+    else:
+        out.append(
+            "<div class=cols><div><h3>before</h3>"
+            + _summary(then)
+            + "</div><div><h3>after</h3>"
+            + _summary(now)
+            + "</div></div>"
+        )
+    if mine:
+        shown = mine[-SAMPLES_PER_LABEL:]
+        out.append(f"<h3>samples ({len(shown)} latest of {len(mine)})</h3>")
+        out.extend(_sample(s, i < OPEN) for i, s in enumerate(reversed(shown)))
+    return "".join(out)
+
+
+def _summary(r: LabelRollup | None) -> str:
+    if r is None:
+        return "<p class=meta>no samples</p>"
+    verdicts = ", ".join(
+        f"{_e(v)} {n}" + (f" ({r.borderline[v]} borderline)" if v in r.borderline else "")
+        for v, n in r.verdicts.items()
+    )
+    rows = "".join(
+        f"<tr><td>{_e(o.name, 60)}</td><td>{o.samples}/{r.samples}</td>"
+        f"<td>{o.median_us:.1f}</td><td>{o.p25_us:.1f}-{o.p75_us:.1f}</td></tr>"
+        for o in r.ops
+    )
+    return (
+        f"<p>{r.samples} samples, duration p50 {r.p50_ms:.3f} ms, p95 {r.p95_ms:.3f} ms<br>"
+        f"verdicts: {verdicts}</p><table><tr><th>op</th><th>in samples</th>"
+        f"<th>median self CPU µs</th><th>p25-p75</th></tr>{rows}</table>"
+    )
+
+
+def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
+    """Counts of samples per duration bin (ms); the baseline's bars behind, in another colour."""
+    every = [s.duration_us / 1e3 for s in (*mine, *theirs)]
+    if not every:
+        return ""
+    # the axis ends at 3x the p95 (the last bin holds the samples beyond): one outlier must
+    # not squeeze every other sample into the first bin
+    low, high = 0.0, max(min(percentile(every, 100), 3 * percentile(every, 95)), 1e-3)
+    width = high / _BINS
+    beyond = sum(1 for d in every if d > high)
+    series = [("after", mine), ("before", theirs)] if theirs else [("after", mine)]
+    counts = {
+        name: [sum(1 for s in group if _bin(s.duration_us / 1e3, width) == i) for i in range(_BINS)]
+        for name, group in series
+    }
+    top = max(max(c) for c in counts.values()) or 1
+    height, base, step = 120, 100, (_W - 40) / _BINS
+    bars = []
+    for k, (name, _) in enumerate(series):
+        for i, n in enumerate(counts[name]):
+            h = base * n / top
+            x = 30 + i * step + (step / 2 if k else 0)
+            w = step / (2 if theirs else 1) - 1
+            span = f"{low + i * width:.3f}-{low + (i + 1) * width:.3f} ms"
+            bars.append(
+                f"<rect class={name} x={x:.1f} y={base - h + 4:.1f} width={w:.1f} "
+                f"height={h:.1f}><title>{name}: {n} samples, {span}</title></rect>"
+            )
+    more = f" (+{beyond} beyond, in the last bin)" if beyond else ""
+    axis = (
+        f"<text x=30 y={height - 2}>0 ms</text>"
+        f"<text x={_W - 10} y={height - 2} text-anchor=end>{high:.3f} ms{more}</text>"
+        f"<text x={_W // 2} y={height - 2} text-anchor=middle>tallest bar: {top}</text>"
+    )
+    legend = " (blue: after, yellow: before)" if theirs else ""
+    return (
+        f"<p class=meta>call duration, samples per bin{legend}</p>"
+        f"<svg width={_W} height={height} viewBox='0 0 {_W} {height}' role=img>"
+        f"{''.join(bars)}{axis}</svg>"
+    )
+
+
+def _bin(value: float, width: float) -> int:
+    return min(_BINS - 1, int(value / width)) if width > 0 else 0
+
+
+def _sample(s: Sample, opened: bool) -> str:
+    event = s.event
+    when = _e(event.get("start_time", ""), 40)
+    head = f"{when} {s.duration_us / 1e3:.3f} ms {_e(s.verdict)}"
+    ids = event.get("trace_id")
+    trace = (
+        f"<p class=meta>trace {_e(ids, 40)} span {_e(event.get('span_id'), 20)}</p>" if ids else ""
+    )
+    ops = sorted(s.ops.items(), key=lambda kv: -kv[1])[:TOP]
+    rows = "".join(f"<tr><td>{_e(n, 60)}</td><td>{us:.1f}</td></tr>" for n, us in ops)
+    table = f"<table><tr><th>op</th><th>self CPU µs</th></tr>{rows}</table>"
+    fold = "<details open>" if opened else "<details>"
+    return f"{fold}<summary>{head}</summary>{trace}{_waterfall(s, event)}{table}</details>"
+
+
+def _regions(event: Mapping[str, Any]) -> list[tuple[str, float, float, int]]:
+    """(name, start µs, duration µs, depth) of each region of a profile event; regions
+    without a start (files written before 0.2) are laid end to end under their parent."""
+    raw = event.get("regions")
+    rows = [r for r in raw if isinstance(r, Mapping)] if isinstance(raw, list) else []
+    depth = {0: 0}
+    cursor: dict[int, float] = {}
+    out = []
+    for index, r in enumerate(rows, 1):
+        given = r.get("parent")
+        parent = given if isinstance(given, int) else 0
+        duration = _num(r.get("duration_us"))
+        start = _num(r.get("start_us"), cursor.get(parent, 0.0))
+        cursor[parent] = start + duration
+        depth[index] = depth.get(parent, 0) + 1
+        out.append((str(r.get("region", "?")), start, duration, depth[index]))
+    return out
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    return float(value) if ok and 0 <= value < 1e15 else default
+
+
+def _waterfall(s: Sample, event: Mapping[str, Any]) -> str:
+    """The call as a bar, its regions as bars below it, on the profiler's timestamps."""
+    regions = _regions(event)
+    total = max([s.duration_us, *(a + d for _, a, d, _ in regions)]) or 1.0
+    rows = 1 + max([d for *_, d in regions] or [0])
+    scale = (_W - 20) / total
+    bars = [_bar("root", 10, 0, total * scale, f"{s.label} {s.duration_us / 1e3:.3f} ms", s.label)]
+    for name, start, duration, depth in regions:
+        tip = f"{name}: {duration / 1e3:.3f} ms, from {start / 1e3:.3f} ms"
+        bars.append(_bar("region", 10 + start * scale, depth, duration * scale, tip, name))
+    height = rows * 22 + 16
+    axis = f"<text x=10 y={height - 2}>0</text><text x={_W - 10} y={height - 2} text-anchor=end>"
+    axis += f"{total / 1e3:.3f} ms</text>"
+    return f"<svg width={_W} height={height} role=img>{''.join(bars)}{axis}</svg>"
+
+
+def _bar(kind: str, x: float, row: int, width: float, tip: str, name: str) -> str:
+    y = row * 22
+    fits = int((width - 6) / 6.5)  # characters of 11 px text that fit in the bar
+    label = (
+        _e(name if len(name) <= fits else name[: max(fits - 1, 0)] + "…", 60) if fits > 3 else ""
+    )
+    return (
+        f"<g><rect class={kind} x={x:.1f} y={y} width={max(width, 1.0):.1f} height=20>"
+        f"<title>{_e(tip, 240)}</title></rect><text x={x + 3:.1f} y={y + 14}>{label}</text></g>"
+    )

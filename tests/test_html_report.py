@@ -1,0 +1,164 @@
+"""``python -m profkit report --html``: one self-contained page, checked as text and in a real
+headless Chromium (Debian's ``chromium``; skipped with a reason where it is missing).
+
+The Chromium test keeps its screenshot in ``build/artifacts/html-report.png`` (CI keeps
+``build/artifacts/``).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import profkit
+from profkit import __main__ as cli
+from profkit._html import page
+from profkit._report import read
+from profkit.exporters.console import JsonLinesExporter
+from profkit.testing import capture
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "build" / "artifacts"
+
+torch.manual_seed(0)
+MODEL = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+@profkit.profiled("predict")
+def predict(x: torch.Tensor) -> list[int]:
+    """Three regions around a small model."""
+    with profkit.region("preprocess"):
+        x = (x - x.mean()) / (x.std() + 1e-6)
+    with profkit.region("inference"), torch.no_grad():
+        logits = MODEL(x)
+    with profkit.region("postprocess"):
+        return [int(i) for i in logits.argmax(dim=1)]
+
+
+def _json_lines(calls: int) -> str:
+    """The json exporter's lines for ``calls`` sampled calls of ``predict``."""
+    out = io.StringIO()
+    settings = {
+        "sample_every": 1,
+        "max_overhead": 1.0,
+        "extra_exporters": (JsonLinesExporter(out),),
+    }
+    with capture(**settings):
+        for _ in range(calls):
+            predict(torch.randn(32, 64))
+        assert profkit.force_flush(60.0)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run_lines() -> str:
+    """100 samples of a real run, as JSON lines."""
+    return _json_lines(100)
+
+
+_EXTERNAL = re.compile(r"""(?:src|href)\s*=|url\(|@import|<script|<link|https?://""", re.I)
+
+
+def test_page_of_100_samples_is_self_contained_and_small(run_lines: str, tmp_path: Path) -> None:
+    """100 samples: waterfalls (SVG) with the regions and op names, no external reference,
+    under 3 MB; written by ``python -m profkit report --html``."""
+    src, out = tmp_path / "run.jsonl", tmp_path / "report.html"
+    src.write_text(run_lines, encoding="utf-8")
+    assert 0 == cli.main(["report", "--html", str(out), str(src)])
+    text = out.read_text(encoding="utf-8")
+    assert 100 == len(read(run_lines.splitlines())[0])
+    assert len(text.encode()) < 3_000_000
+    assert [] == _EXTERNAL.findall(text)
+    assert text.count("<svg") == 1 + 50  # the histogram, the 50 latest samples' waterfalls
+    for name in ("predict", "preprocess", "inference", "postprocess", "aten::addmm"):
+        assert name in text
+    assert "100 samples, duration p50" in text
+
+
+def test_baseline_is_shown_beside(run_lines: str) -> None:
+    """``--baseline``: the label's rollup twice, "before" and "after", histograms overlaid."""
+    samples = read(run_lines.splitlines())[0]
+    text = page(samples[50:], samples[:50])
+    assert ("<h3>before</h3>", "<h3>after</h3>") == (
+        text[text.index("<h3>before") :][:15],
+        text[text.index("<h3>after") :][:14],
+    )
+    assert "class=before" in text
+    assert "class=after" in text
+    assert 2 == text.count("50 samples, duration p50")
+
+
+def test_what_the_files_say_is_escaped() -> None:
+    """A label or op name with markup in it is shown as text, never as markup."""
+    line = (
+        '{"event": "profkit.profile", "label": "<script>x</script>", "duration_us": 10,'
+        ' "regions": [{"region": "<b>r</b>", "start_us": 1, "duration_us": 5, "parent": 0}],'
+        ' "top_ops": [{"op": "<img src=x>", "self_cpu_us": 3}]}'
+    )
+    text = page(read([line])[0])
+    assert "<script>x" not in text
+    assert "<img" not in text
+    assert "<b>r" not in text
+    assert "&lt;script&gt;x&lt;/script&gt;" in text
+    assert "&lt;img src=x&gt;" in text
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return path
+
+
+def _headless(browser: str, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=900,1400",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _console(stderr: str) -> list[str]:
+    """The page's console messages in Chromium's log (``INFO:CONSOLE:1] "..."``)."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.timeout(300)
+def test_page_renders_in_chromium_without_console_errors(run_lines: str, tmp_path: Path) -> None:
+    """Headless Chromium renders the page (the DOM has the waterfalls), logs nothing on its
+    console (a page that logs is caught: the check can fail), and a screenshot is kept."""
+    browser = _chromium()
+    out = tmp_path / "report.html"
+    out.write_text(page(read(run_lines.splitlines())[0]), encoding="utf-8")
+    dom = _headless(browser, out.as_uri(), "--dump-dom")
+    assert 0 == dom.returncode, dom.stderr[-2000:]
+    assert [] == _console(dom.stderr)
+    assert dom.stdout.count("<svg") == 51
+    assert "postprocess" in dom.stdout
+    bad = tmp_path / "bad.html"
+    bad.write_text("<script>console.error('boom')</script>", encoding="utf-8")
+    assert 1 == len(_console(_headless(browser, bad.as_uri(), "--dump-dom").stderr))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "html-report.png"
+    shot.unlink(missing_ok=True)
+    taken = _headless(browser, out.as_uri(), f"--screenshot={shot}")
+    assert 0 == taken.returncode, taken.stderr[-2000:]
+    assert shot.stat().st_size > 10_000
