@@ -98,13 +98,14 @@ def test_a_storm_of_1500_timeouts_under_capture_slow_leaves_counters_that_add_up
 @pytest.mark.slow
 def test_ten_storms_with_both_cores_busy_lose_no_timeout() -> None:
     """10 storms of 1,500 timeouts while two processes keep both cores busy, the handler a
-    function, a functools.partial or a callable object in turn: no timeout is lost. (On
+    function, a functools.partial or a callable object in turn, through batches and metrics
+    too: no timeout is lost. (On
     0.2 a partial's or an object's timeout landing in the profiler's start or stop was
     swallowed as profkit's internal error: `_errors.foreign` knew functions only.)"""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         rc, report, err = run_fresh(
-            "serving_signal_storm_slow", "12", "1500", "mixed", "10", timeout=1500
+            "serving_signal_storm_slow", "12", "1500", "mixed", "10", "fleet", timeout=1500
         )
     finally:
         for hog in hogs:

@@ -199,7 +199,9 @@ def _valid(
     """
     try:
         items = list(members)
-    except Exception:  # not iterable, or its iteration failed: nothing to batch
+    except Exception as exc:  # not iterable, or its iteration failed: nothing to batch
+        if _errors.foreign(exc):  # a signal handler's (a timeout): the application's
+            raise
         stats.add("batch_members_invalid")
         return [], None, False
     valid = [m for m in items if m.__class__ is BatchMember]
@@ -223,7 +225,9 @@ def _weights(items: list[Any], weights: Any) -> list[float] | None:
     """The weights of the tokens in ``items``, or None when they cannot be used."""
     try:
         given = list(weights)
-    except Exception:
+    except Exception as exc:
+        if _errors.foreign(exc):
+            raise
         return None
     if len(given) != len(items):
         return None
