@@ -32,7 +32,7 @@ from .._compat import SPAN_KEY, otel_current
 from .._model import BatchMemberSummary, BatchSummary
 from .._records import CallRecord, Policy
 from .compiler import compiled_away, compiling
-from .scope import FRAME, GLOBAL, OFF, _abort_root, _open, enter, exit_
+from .scope import FRAME, GLOBAL, OFF, _abort_root, _open, enter, exit_, undo_enter
 
 __all__ = ["BatchMember", "batch", "batch_member"]
 
@@ -136,10 +136,14 @@ class batch:
         frame = FRAME.get()
         session = GLOBAL.session
         nested = frame is not None and (frame is OFF or not frame.call.done)
-        if nested or session is None or not session.active:
-            self._entered = enter(self.label, {}, None)  # a region (or nothing at all)
-        else:
-            self._entered = _enter_root(session, self.label, self._members, self._weights)
+        try:
+            if nested or session is None or not session.active:
+                self._entered = enter(self.label, {}, None)  # a region (or nothing at all)
+            else:
+                self._entered = _enter_root(session, self.label, self._members, self._weights)
+        except BaseException as exc:  # landed after the frame was set: __exit__ won't run
+            undo_enter(frame, exc)
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

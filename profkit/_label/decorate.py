@@ -25,7 +25,7 @@ from .._config import ProfkitConfigWarning
 from .._model import CodeInfo
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive
-from .scope import FRAME, OFF, enter, exit_, sync_call
+from .scope import FRAME, OFF, enter, exit_, sync_call, undo_enter
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -348,12 +348,16 @@ class region:
     def __enter__(self) -> region:
         if compiling() and compiled_away(self.label):
             return self  # traced by torch.compile: nothing to record or undo
-        if self._entered is None and _get_frame() is OFF:
+        outer = _get_frame()
+        if self._entered is None and outer is OFF:
             return self  # nested in an unsampled root call: nothing to record or undo
         try:
             entered = enter(self.label, self._attributes, None)
         except RecursionError:  # no stack left to record it (enter undid its part): unlabelled
             return self
+        except BaseException as exc:  # landed after enter() set the frame: __exit__ won't run
+            undo_enter(outer, exc)
+            raise
         if self._entered is not None:
             if self._outer is None:
                 self._outer = []

@@ -15,11 +15,12 @@ from typing import Any
 from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
 from .._targeting.slow import Timed
-from .scope import FRAME, OFF, Active, enter, exit_
+from .scope import FRAME, OFF, Active, enter, exit_, undo_enter
 
 __all__ = ["Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
 
 _set_frame = FRAME.set
+_get_frame = FRAME.get
 
 
 def async_call(
@@ -33,6 +34,7 @@ def async_call(
 
     async def profiled_coroutine(*args: Any, **kwargs: Any) -> Any:
         entered = error = None
+        outer = _get_frame()
         try:
             entered = enter(label, attrs, code)
             coro = fn(*args, **kwargs)
@@ -50,8 +52,10 @@ def async_call(
                 except BaseException:  # a signal's exception landed before the set
                     _set_frame(None)
                     raise
-            else:
+            elif entered is not None:
                 exit_twice(entered, error)
+            elif error is not None:  # enter() returned, its result was never kept: undo it
+                undo_enter(outer, error)
 
     return profiled_coroutine
 

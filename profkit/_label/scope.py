@@ -42,7 +42,7 @@ from .._text import escape
 from .compiler import compiled_away, compiling
 
 __all__ = [
-    "FRAME", "GLOBAL", "OFF", "Active", "enter", "exit_", "sync_call",
+    "FRAME", "GLOBAL", "OFF", "Active", "enter", "exit_", "sync_call", "undo_enter",
 ]  # fmt: skip
 
 
@@ -193,6 +193,18 @@ def _abandoned(session: Any, error: BaseException | None) -> None:
     for call in list(win.calls):
         if not call.done and not call.scopes:
             _end_root(session, call, error)
+
+
+def undo_enter(outer: Any, error: BaseException) -> None:
+    """An exception (a signal's) landed after :func:`enter` set the frame, before its caller
+    could keep what it returned: undo that scope, from what the frame says it was. Without
+    this, the frame would stay ``OFF`` in this context and no later call would be a root."""
+    if FRAME.get() is outer:
+        return  # enter() changed nothing, or undid its own part
+    if isinstance(outer, Active) and not outer.call.done:
+        _abort_nested(outer)
+    else:
+        _abort_root(None, GLOBAL.session, error)
 
 
 def _abort_nested(frame: Active) -> None:

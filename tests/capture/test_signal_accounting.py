@@ -75,7 +75,7 @@ def predict() -> float:
 
 def _configure(**settings: Any) -> CaptureExporter:
     cap = CaptureExporter()
-    settings = {"sample_every": 1, **settings}
+    settings = settings if "sample_rate" in settings else {"sample_every": 1, **settings}
     profkit.configure(max_per_minute=None, exporters=(), extra_exporters=(cap,), **settings)
     return cap
 
@@ -249,3 +249,79 @@ def test_nothing_of_profkits_runs_python_code_when_it_dies() -> None:
         if ref.__callback__ is not None and id(ref) not in theirs
     ]
     assert [] == with_callbacks
+
+
+def _enter_then_signal(module: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``module.name`` (a scope's entry) runs, then the SIGALRM handler, once."""
+    original = getattr(module, name)
+    hit: list[Any] = []
+
+    def entered(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if not hit:
+            hit.append(result)
+            _signal_arrives()
+        return result
+
+    monkeypatch.setattr(module, name, entered)
+    return hit
+
+
+@profkit.profiled("coroutine")
+async def _coroutine() -> float:
+    return predict.__wrapped__()  # type: ignore[attr-defined, no-any-return]
+
+
+def _region_root() -> None:
+    with profkit.region("handler"):
+        pass
+
+
+def _batch_root() -> None:
+    with profkit.batch("batch", [profkit.batch_member()]):
+        pass
+
+
+def _coroutine_root() -> None:
+    import asyncio
+
+    asyncio.run(_coroutine())
+
+
+ENTRIES: dict[str, tuple[str, str, Callable[[], None]]] = {
+    "region": ("profkit._label.decorate", "enter", _region_root),
+    "batch": ("profkit._label.batch", "_enter_root", _batch_root),
+    "coroutine": ("profkit._label.drivers", "enter", _coroutine_root),
+}
+
+
+@pytest.mark.usefixtures("handler")
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_timeout_right_after_a_scope_was_entered_leaves_no_frame_behind(
+    monkeypatch: pytest.MonkeyPatch, entry: str, sampled: bool
+) -> None:
+    """A context manager's or a coroutine's entry interrupted after the scope was entered,
+    before the caller kept it: its exit never runs, so the entry undoes it. Before, the
+    frame stayed "inside an unsampled call" for good, and no later call was a root call
+    (no sample, ever, on that thread: found by a storm)."""
+    import importlib
+
+    from profkit._capture.slot import SLOT
+    from profkit._label.scope import FRAME
+
+    module, name, run = ENTRIES[entry]
+    _configure(**({"sample_every": 1} if sampled else {"sample_rate": 0.0}))
+    hit = _enter_then_signal(importlib.import_module(module), name, monkeypatch)
+    with pytest.raises(RequestTimeout):
+        run()
+    assert 1 == len(hit)
+    assert FRAME.get() is None
+    assert SLOT.held is None
+    monkeypatch.undo()
+    before = profkit.stats()["root_calls"]
+    assert 64.0 == predict()
+    profkit.force_flush(10)
+    s = profkit.stats()
+    assert before + 1 == s["root_calls"]  # a root call again
+    assert s["sampled"] == _outcomes(s), s
