@@ -121,6 +121,9 @@ class CallRecord:
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
     sampler: str = ""
     """The sampler's description, for policy ``SAMPLER``."""
+    cold: bool = False
+    """Profiled (a trigger, baggage, a window's later call) while its label was still cold:
+    one of its first ``cold_calls`` root calls, which the sampler never chooses."""
 
     @property
     def policy_name(self) -> str:

@@ -65,6 +65,8 @@ class Sample:
     """The diagnosis said its confidence was low."""
     ops: dict[str, float] = dataclasses.field(default_factory=dict)
     """Self CPU µs per op name (the "other" row left out)."""
+    cold: bool = False
+    """One of its label's first calls (``"cold": true``): left out of the rollup unless asked."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +175,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
                 continue
             verdict = _key(event.get("diagnosis")) or "none"
             sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
+            sample.cold = event.get("cold") is True
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)
@@ -206,11 +209,15 @@ def _add_op(sample: Sample, row: Any) -> None:
         sample.ops[name] = sample.ops.get(name, 0.0) + self_us
 
 
-def rollup(samples: Iterable[Sample], top: int = TOP_OPS) -> list[LabelRollup]:
-    """One rollup per label, labels with the most samples first (then by name)."""
+def rollup(
+    samples: Iterable[Sample], top: int = TOP_OPS, *, include_cold: bool = False
+) -> list[LabelRollup]:
+    """One rollup per label, labels with the most samples first (then by name); cold samples
+    (a label's first calls, profiled by a trigger or baggage) only with ``include_cold``."""
     groups: dict[str, list[Sample]] = collections.defaultdict(list)
     for sample in samples:
-        groups[sample.label].append(sample)
+        if include_cold or not sample.cold:
+            groups[sample.label].append(sample)
     out = [_label_rollup(label, group, top) for label, group in groups.items()]
     return sorted(out, key=lambda r: (-r.samples, r.label))
 
@@ -287,6 +294,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top", type=int, default=TOP_OPS, help=f"ops per label ({TOP_OPS})")
     parser.add_argument("--json", action="store_true", help="the rollup as JSON")
+    parser.add_argument(
+        "--include-cold",
+        action="store_true",
+        help='count cold samples too (a label\'s first calls, marked "cold": true)',
+    )
 
 
 def _open(path: str) -> contextlib.AbstractContextManager[IO[str]]:
@@ -335,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     """
     unreadable: list[str] = []
     samples, skipped = read(_lines(list(args.files), unreadable))
-    rollups = rollup(samples, top=max(1, args.top))
+    rollups = rollup(samples, top=max(1, args.top), include_cold=args.include_cold)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
     else:
