@@ -66,6 +66,7 @@ class Session(Decider):
         )
         #: ``timed(label, t0)``: an unprofiled root call that was timed has ended
         self.timed = self._book.note_since if self._book is not None else None
+        self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
 

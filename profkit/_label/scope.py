@@ -116,7 +116,7 @@ def _open(
     try:
         rf = record_function(label)
         rf.__enter__()  # type: ignore[no-untyped-call]
-        record.rf = rf
+        record.rf, record.start_ns = rf, time.time_ns()  # after the range's start (it stalls)
     except RecursionError:  # no stack left for the range here: the scope stays Python-timed
         pass
     except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope
