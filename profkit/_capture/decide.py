@@ -13,13 +13,21 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    would cut the window short).
 2. A call in a trace that was not sampled: ``skipped_unsampled_trace`` (its spans would never
    be exported), before anything below is spent.
+
+   Then the label's own answer for this call is read (``sample_every`` and ``cold_calls``
+   count each label's root calls, :class:`profkit._sampling.LabelPicks`): picked, not, or
+   *cold* (one of the label's first ``cold_calls``; none at ``sample_every=1`` or
+   ``sample_rate=1.0``).
 3. A pending ``trigger()`` (or trigger signal), while no window holds the slot and the queue
-   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot.
-4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE``; else the sampler picks
-   it: ``SAMPLER``. Either must then pass, in order: the export queue has room
-   (``skipped_backlog``), the CPU budget (``skipped_budget``), the slot is free
-   (``skipped_busy``), nobody else's profiler runs or starts (``skipped_foreign``), the rate
-   cap has a token (``skipped_rate_limit``).
+   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot. A cold
+   call is marked so (``CallRecord.cold``: ``profkit.cold=true``).
+4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE`` (cold ones marked); else
+   the label's answer picks it (never a cold call): ``SAMPLER``. Either must then pass, in
+   order: the export queue has room (``skipped_backlog``), the CPU budget
+   (``skipped_budget``), the slot is free (``skipped_busy``), nobody else's profiler runs
+   or starts (``skipped_foreign``), the rate cap has a token (``skipped_rate_limit``).
+   A cold call nobody asked for stops here: ``OFF`` (neither timed nor speculative: it is
+   not the label's baseline).
 5. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
    the same gates allow (refusals are not counted: nothing was sampled), else the call is
    ``TIMED``.

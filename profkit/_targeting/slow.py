@@ -11,7 +11,7 @@ call is brought to the unprofiled scale before it is compared: what the profiler
 it (the label's measured cost of a speculative window: start, stop, recording) is taken
 off, not divided out. :class:`Speculation` decides when a speculative window may open:
 never before the label has a baseline, and only after some unprofiled calls since the last
-one (about one call in eight, so the book keeps learning from calls the profiler did not
+one (about one call in twelve, so the book keeps learning from calls the profiler did not
 slow down), within its own rate cap and the overhead budget.
 
 While this is on, the decision for an unprofiled root call is ``(TIMED, start)`` with its
@@ -38,6 +38,9 @@ _MIN_SAMPLES = 8
 #: new durations after which a label's quantiles are computed again
 _REFRESH = 16
 _LOW, _HIGH = 2.0, 4.0
+#: a call less than this over its label's median is never slow by the p95 rule: a
+#: scheduler's time slice (a busy machine holds up a fast call for about that long)
+_JITTER_NS = 1_000_000
 #: the latest calls whose median also bounds the threshold from below
 _RECENT = 8
 #: speculative durations kept per label (what the profiler adds is their median's excess)
@@ -47,7 +50,7 @@ MAX_CALLS = 16
 #: unprofiled root calls before speculation is asked again, after it could not open
 _RETRY = 16
 #: share of root calls that run unprofiled between speculative windows (the baseline's)
-_UNPROFILED = 0.125
+_UNPROFILED = 1 / 12
 #: a speculative window's stop (on the request thread) above this halves the next one's calls
 _STOP_HIGH_S, _STOP_LOW_S = 0.002, 0.0005
 
@@ -142,11 +145,12 @@ class LatencyBook:
 
     def _limit(self, entry: _Label) -> int:
         """The label's slow threshold in unprofiled ns: ``slow_ms``, else its recent p95 kept
-        between 2x and 4x its median, and at least twice the median of its latest calls."""
+        between 2x and 4x its median, at least twice the median of its latest calls, and at
+        least 1 ms over its median."""
         if self.slow_ns is not None:
             return self.slow_ns
         base = min(max(entry.p95, _LOW * entry.p50), _HIGH * entry.p50)
-        return int(max(base, _LOW * entry.last(_RECENT)))
+        return int(max(base, _LOW * entry.last(_RECENT), entry.p50 + _JITTER_NS))
 
     def p50_ms(self, label: str) -> float | None:
         """The label's recent unprofiled median, in ms (None: no calls noted yet)."""
@@ -239,7 +243,7 @@ class Speculation:
 
     def closed(self, calls: int, stop_s: float) -> None:
         """A speculative window of ``calls`` calls stopped in ``stop_s`` s (request thread)."""
-        # unprofiled calls in between keep the book learning: about one call in eight runs
+        # unprofiled calls in between keep the book learning: about one call in 12 runs
         # unprofiled, drawn at random so that a pattern in the traffic (every 10th call slow)
         # never falls into the rests alone
         share = calls * _UNPROFILED / (1.0 - _UNPROFILED)
