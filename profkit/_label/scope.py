@@ -116,7 +116,9 @@ def _open(
     try:
         rf = record_function(label)
         rf.__enter__()  # type: ignore[no-untyped-call]
-        record.rf, record.start_ns = rf, time.time_ns()  # after the range's start (it stalls)
+        record.rf = rf
+        if parent is None:  # the root's range has started (a profiler's start stalls there)
+            call.entered_ns = time.time_ns()
     except RecursionError:  # no stack left for the range here: the scope stays Python-timed
         pass
     except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope

@@ -31,7 +31,8 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     root = call.scopes[0] if call.scopes else None
     limit = None
     if root is not None:  # (end_ns: the end, or the cut)
-        took = root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns)
+        start = max(root.start_ns, call.entered_ns)  # after the range's start (it stalls)
+        took = root.end_ns - start - (busy_ns() - call.worker_busy_ns)
         limit = book.judge(label, took)
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
