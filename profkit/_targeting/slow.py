@@ -158,15 +158,13 @@ class LatencyBook:
         return entry.p50 / 1e6 if entry is not None else None
 
     def overhead_ns(self, label: str) -> int | None:
-        """What a speculative window adds to one call of ``label``, measured: the upper
-        quartile of its speculative calls less the median unprofiled one (the quartile, not
-        the median: right after a start the profiler stalls about one call in five by 1-5
-        ms); None until 8 are known."""
+        """What a speculative window adds to one call of ``label``, measured: the median
+        speculative call less the median unprofiled one (a median: up to half of a label's
+        calls may be slow); None until 8 are known."""
         entry = self._labels.get(escape(label))
         if entry is None or len(entry.profiled) < _RECENT or not entry.p50:
             return None
-        ordered = sorted(entry.profiled)
-        return max(0, ordered[(len(ordered) * 3) // 4] - entry.p50)
+        return max(0, _median(entry.profiled) - entry.p50)
 
     def inflation_ns(self, label: str) -> int:
         """:meth:`overhead_ns`, 0 while unknown (the CPU a released call's recording cost)."""
