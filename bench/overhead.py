@@ -26,6 +26,8 @@ US_LIMIT_REGION = 500.0
 #: a region() that is itself the root call pays the root call's cost too (issue 14: 1.0 µs)
 US_LIMIT_REGION_ROOT = 1000.0
 US_LIMIT_CAPTURE_SLOW = 1500.0
+#: ``profkit.batch_member()`` in a request's span, off-sample (issue 24: 1 µs)
+US_LIMIT_BATCH_MEMBER = 1000.0
 
 
 def bare(x: Any) -> Any:
@@ -82,6 +84,23 @@ def _inside_root(fn: Callable[[Any], Any]) -> Callable[[int], float]:
     return run
 
 
+def _member(x: Any) -> Any:
+    return profkit.batch_member()
+
+
+def _in_span(fn: Callable[[Any], Any]) -> Callable[[int], float]:
+    """A batch run inside one recording OTel span (a request's), as batch_member() is."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("bench")
+
+    def run(n: int) -> float:
+        with tracer.start_as_current_span("request"):
+            return batch_ns(fn, 1, n)
+
+    return run
+
+
 def _plain(fn: Callable[[Any], Any]) -> Callable[[int], float]:
     def run(n: int) -> float:
         return batch_ns(fn, 1, n)
@@ -114,6 +133,8 @@ def measure(quick: bool) -> dict[str, Any]:
             "nested_region": _inside_root(_region_body),
             "bare_async": _plain(_awaited(bare_async)),
             "profiled_async": _plain(_awaited(profkit.profiled(bare_async))),
+            "span_bare": _in_span(bare),
+            "batch_member": _in_span(_member),
         },
         rounds=rounds,
         n=n,
@@ -158,6 +179,7 @@ def measure(quick: bool) -> dict[str, Any]:
         ),
         "raw record_function (no profiler)": spread(added_rf),
         "profiled, off-sample root, capture_slow on": spread(diffs(slow["profiled"], slow["bare"])),
+        "batch_member(), in a request's span": spread(diffs(raw["batch_member"], raw["span_bare"])),
     }
     ratio = spread([p / r for p, r in zip(added_prof, added_rf, strict=True)])
     return {
@@ -190,6 +212,11 @@ def measure(quick: bool) -> dict[str, Any]:
                 "limit": US_LIMIT_CAPTURE_SLOW / 1000,
                 "ok": rows["profiled, off-sample root, capture_slow on"].median
                 <= US_LIMIT_CAPTURE_SLOW,
+            },
+            "batch_member_off_sample_us": {
+                "value": rows["batch_member(), in a request's span"].median / 1000,
+                "limit": US_LIMIT_BATCH_MEMBER / 1000,
+                "ok": rows["batch_member(), in a request's span"].median <= US_LIMIT_BATCH_MEMBER,
             },
             "region_root_off_sample_us": {
                 "value": rows["region, off-sample root"].median / 1000,

@@ -52,6 +52,10 @@ TARGETS = {
         "Off-sample `@profiled` root call with `capture_slow=True` (timed), added",
         "µs",
     ),
+    "batch_member_off_sample_us": (
+        "`batch_member()` in a request's span (off-sample), added to the bare call",
+        "µs",
+    ),
     "sampled_overhead_ms": (
         "Sampled call on the MLP: start + stop + hand-off beyond per-op recording",
         "ms",

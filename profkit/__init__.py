@@ -7,8 +7,11 @@ as OpenTelemetry spans and structlog events.
 
 from ._config import Config, ProfkitConfigWarning
 from ._global import configure, force_flush, get_config, shutdown, stats, trigger
+from ._label.batch import BatchMember, batch, batch_member
 from ._label.decorate import profiled, region
 from ._model import (
+    BatchMemberSummary,
+    BatchSummary,
     CallSummary,
     CodeInfo,
     Diagnosis,
@@ -22,6 +25,9 @@ from ._version import __version__
 from .exporters import Exporter
 
 __all__ = [
+    "BatchMember",
+    "BatchMemberSummary",
+    "BatchSummary",
     "CallSummary",
     "CodeInfo",
     "Config",
@@ -34,6 +40,8 @@ __all__ = [
     "StatsSnapshot",
     "WindowSummary",
     "__version__",
+    "batch",
+    "batch_member",
     "configure",
     "force_flush",
     "get_config",

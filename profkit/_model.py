@@ -16,6 +16,8 @@ from ._text import clean, clip
 
 __all__ = [
     "AttrValue",
+    "BatchMemberSummary",
+    "BatchSummary",
     "CallSummary",
     "CodeInfo",
     "Diagnosis",
@@ -139,6 +141,36 @@ class ErrorText:
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchMemberSummary:
+    """One request served by a batch (``profkit.batch``): its span and its share."""
+
+    span_context: object | None
+    """The OTel ``SpanContext`` active at ``batch_member()`` (None: no active span)."""
+    share: float
+    """Its part of the batch: 1/size, or its weight over the sum of the weights."""
+    sampled: bool = True
+    """Its trace is sampled (or it had no span): it gets a member span in its trace."""
+    trace_id: str = ""
+    """Hex trace id of its member span once the span step recorded it (else empty)."""
+    span_id: str = ""
+    """Hex span id of its member span once the span step recorded it (else empty)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSummary:
+    """A root call that served many requests at once (``with profkit.batch(...)``)."""
+
+    members: tuple[BatchMemberSummary, ...]
+    """Every valid member, in the order given (unsampled traces too: they share the batch)."""
+    weighted: bool = False
+    """Shares come from ``weights`` (else each member has 1/size)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+@dataclasses.dataclass(frozen=True)
 class CallSummary:
     """One sampled root call: its scope tree with op tables, and how it was sampled."""
 
@@ -187,6 +219,8 @@ class CallSummary:
     Empty when no span was recorded: spans off, a no-op TracerProvider, or a provider whose
     sampler dropped the span (then nothing refers to a span that does not exist).
     """
+    batch: BatchSummary | None = None
+    """A batch (``profkit.batch``): the requests it served and their shares, else None."""
 
     @property
     def root(self) -> ScopeSummary:

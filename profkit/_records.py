@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 import time
 from typing import Any, Protocol
 
-from ._model import CodeInfo
+from ._model import BatchSummary, CodeInfo
 
 __all__ = ["CallRecord", "Policy", "ScopeRecord", "StoppedWindow"]
 
@@ -81,6 +82,8 @@ class StoppedWindow(Protocol):
 
     id: int
     calls: list[CallRecord]
+    handed: bool
+    """Queued for the export worker, which counts its calls from then on."""
 
     @property
     def recorded(self) -> int: ...
@@ -127,6 +130,17 @@ class CallRecord:
     cold: bool = False
     """Profiled (a trigger, baggage, a window's later call) while its label was still cold:
     one of its first ``cold_calls`` root calls, which the sampler never chooses."""
+    counted: int = 0
+    """Which steps of its accounting are done (``profkit._stats.JOINED``, ...): each is
+    counted once, however often an interrupted step is retried."""
+    batch: BatchSummary | None = None
+    """A batch root call (``profkit.batch``): its members and their shares."""
+
+    @classmethod
+    def begin(cls, policy: Policy, parent: Any, sampler: str = "") -> CallRecord:
+        """A record for a root call on this thread, before it joins a window."""
+        valid = parent if parent is not None and parent.is_valid else None
+        return cls(None, 0, policy, False, valid, threading.current_thread().name, sampler=sampler)
 
     @property
     def policy_name(self) -> str:

@@ -67,6 +67,8 @@ class Sample:
     """Self CPU µs per op name (the "other" row left out)."""
     cold: bool = False
     """One of its label's first calls (``"cold": true``): left out of the rollup unless asked."""
+    shares: list[float] = dataclasses.field(default_factory=list)
+    """A batch (``profkit.batch``): each member's share of it (empty for any other call)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,9 @@ class LabelRollup:
     """Verdict -> samples whose diagnosis had low confidence (verdicts with none left out)."""
     ops: list[OpRollup]
     """Ops by median self CPU time, largest first."""
+    batch: dict[str, Any] | None = None
+    """Batches: ``sizes`` (size -> samples), ``request_p50_ms`` / ``request_p95_ms`` (each
+    member's share of its batch's duration); None when no sample was a batch."""
 
 
 def percentile(values: Iterable[float], p: float) -> float:
@@ -179,6 +184,11 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)
+            members = event.get("batch_members")
+            for member in members if isinstance(members, list) else ():
+                share = _number(member.get("share")) if isinstance(member, Mapping) else None
+                if share is not None and share <= 1.0:
+                    sample.shares.append(share)
             samples.append(sample)
             latest[label] = sample
             span = _key(event.get("span_id"))
@@ -243,7 +253,22 @@ def _label_rollup(label: str, group: list[Sample], top: int) -> LabelRollup:
         verdicts=dict(sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))),
         borderline={v: borderline[v] for v in sorted(borderline)},
         ops=ops[:top],
+        batch=_batch_rollup(group),
     )
+
+
+def _batch_rollup(group: list[Sample]) -> dict[str, Any] | None:
+    """Batch sizes and each request's share of its batch's time, over the batch samples."""
+    batches = [s for s in group if s.shares]
+    if not batches:
+        return None
+    per_request = [share * s.duration_us / 1000.0 for s in batches for share in s.shares]
+    sizes = collections.Counter(len(s.shares) for s in batches)
+    return {
+        "sizes": dict(sorted(sizes.items())),
+        "request_p50_ms": percentile(per_request, 50),
+        "request_p95_ms": percentile(per_request, 95),
+    }
 
 
 def _median(values: list[float]) -> float:
@@ -278,6 +303,7 @@ def _render_one(r: LabelRollup) -> str:
     lines = [
         f"{label}  {r.samples} samples  duration p50 {r.p50_ms:.3f} ms  p95 {r.p95_ms:.3f} ms",
         f"  verdicts: {verdicts}",
+        *_render_batch(r.batch),
         f"  {'op':<34} {'samples':>8} {'median self cpu us':>19} {'p25-p75':>19}",
     ]
     for op in r.ops:
@@ -285,6 +311,17 @@ def _render_one(r: LabelRollup) -> str:
         spread = f"{op.p25_us:.1f}-{op.p75_us:.1f}"
         lines.append(f"  {clean(op.name, 34):<34} {seen:>8} {op.median_us:>19.1f} {spread:>19}")
     return "\n".join(lines) + "\n"
+
+
+def _render_batch(batch: dict[str, Any] | None) -> list[str]:
+    if batch is None:
+        return []
+    sizes = ", ".join(f"{size}: {n}" for size, n in batch["sizes"].items())
+    return [
+        f"  batch sizes (size: samples): {sizes}",
+        f"  per request share of batch time p50 {batch['request_p50_ms']:.3f} ms"
+        f"  p95 {batch['request_p95_ms']:.3f} ms",
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from ._compat import peek_count
 from ._errors import log
 from ._overhead import CpuMeter
 
-__all__ = ["Stats", "StatsSnapshot"]
+__all__ = ["JOINED", "JUDGED", "SETTLED", "Stats", "StatsSnapshot"]
 
 _REFUSED = ("skipped_backlog", "skipped_budget", "skipped_rate_limit")
+
+#: the steps of a sampled call's accounting on the request thread (``CallRecord.counted``):
+#: joined its window, judged (``capture_slow``), settled without the export worker
+JOINED, JUDGED, SETTLED = 1, 2, 4
 
 
 class StatsSnapshot(TypedDict):
@@ -65,6 +69,13 @@ class StatsSnapshot(TypedDict):
     """capture_slow, per label: ``{"seen": n, "kept": k}``, the slow calls seen (timed
     unprofiled over the label's threshold, plus those kept) and kept under the profiler;
     ``kept / seen`` is the label's recall. Empty when capture_slow is off."""
+    batch_members_unsampled: int
+    """Members of profiled batches that got no member span: their trace was not sampled (or
+    they had no span when ``batch_member()`` was called)."""
+    batch_members_invalid: int
+    """Members given to ``profkit.batch()`` that were not ``batch_member()`` tokens (left out)."""
+    batch_weights_invalid: int
+    """Batches whose ``weights`` could not be used (equal shares instead)."""
     dropped_reasons: dict[str, int]
     error_reasons: dict[str, int]
     overhead: float
@@ -87,9 +98,11 @@ class Stats:
         self.shared_label_calls = itertools.count()
         #: capture_slow: the latency book's per-label slow calls seen and kept
         self.slow_calls: Callable[[], dict[str, dict[str, int]]] | None = None
-        self._counts: Counter[str] = Counter()
-        self.dropped_reasons: Counter[str] = Counter()
-        self.error_reasons: Counter[str] = Counter()
+        # defaultdicts, not Counters: a missing key runs no Python code (a Counter's
+        # ``__missing__`` is a Python method, a point where a signal's exception can land)
+        self._counts: defaultdict[str, int] = defaultdict(int)
+        self.dropped_reasons: defaultdict[str, int] = defaultdict(int)
+        self.error_reasons: defaultdict[str, int] = defaultdict(int)
         self._logged: set[str] = set()
         self._asked: dict[str, int] = {}
         #: profkit's own CPU time (window start/stop, worker, exporters): ``overhead``
@@ -117,11 +130,49 @@ class Stats:
         with self._lock:
             self._counts[name] += n
 
-    def skip(self, reason: str) -> None:
+    # -- a sampled call's accounting on the request thread ------------------------------------
+    # A signal handler's exception (a request timeout) can land on the request thread at any
+    # point where Python checks for signals: a function's start, a backward jump, after a
+    # call. Each method below is one such step: its body makes no call between its effects,
+    # so the exception lands before them all or after them all, and the ``counted`` bit it
+    # sets makes it idempotent, so the retry after an interruption neither loses nor
+    # doubles a count (docs/reliability.md, "Signals").
+
+    def join(self, calls: list[Any], call: Any, name: str) -> None:
+        """``call`` joins its window's ``calls``, counted under ``name``, as one step."""
+        with self._lock:
+            if not call.counted & JOINED:
+                call.counted |= JOINED
+                calls += (call,)  # in place, like append(), but no call: no signal check
+                self._counts[name] += 1
+
+    def judge(self, call: Any, policy: Any, name: str) -> None:
+        """A speculative call's verdict: its policy set and counted under ``name``, once."""
+        with self._lock:
+            if not call.counted & JUDGED:
+                call.counted |= JUDGED
+                call.policy = policy
+                self._counts[name] += 1
+
+    def settle(self, call: Any, reason: str) -> None:
+        """A sampled call the export worker will not see: ``sampled`` (unless it joined a
+        window, which counted it) and ``dropped`` for ``reason``, once."""
+        with self._lock:
+            if not call.counted & JOINED:
+                call.counted |= JOINED
+                self._counts["sampled"] += 1
+            if not call.counted & SETTLED:
+                call.counted |= SETTLED
+                self._counts["dropped"] += 1
+                self.dropped_reasons[reason] += 1
+
+    def skip(self, reason: str, call: Any) -> None:
         """A sampled call that ran unprofiled after all (``skipped_busy``, ``skipped_foreign``)."""
         with self._lock:
-            self._counts["sampled"] += 1
-            self._counts[reason] += 1
+            if not call.counted & SETTLED:
+                call.counted |= JOINED | SETTLED
+                self._counts["sampled"] += 1
+                self._counts[reason] += 1
 
     def drop(self, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -169,6 +220,9 @@ class Stats:
             errors=counts.get("errors", 0),
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),
             slow_calls=self.slow_calls() if self.slow_calls is not None else {},
+            batch_members_unsampled=counts.get("batch_members_unsampled", 0),
+            batch_members_invalid=counts.get("batch_members_invalid", 0),
+            batch_weights_invalid=counts.get("batch_weights_invalid", 0),
             dropped_reasons=dropped,
             error_reasons=errors,
             overhead=self.cpu.share(),

@@ -38,6 +38,8 @@ class ReceivedSpan:
     status_code: int
     status_message: str
     resource_attributes: dict[str, Any]
+    links: tuple[tuple[str, str], ...] = ()
+    """(trace id, span id) of each link, as lowercase hex."""
 
 
 def decode_value(value: AnyValue) -> Any:
@@ -71,6 +73,7 @@ def decode_request(request: ExportRequest) -> list[ReceivedSpan]:
             status_code=int(span.status.code),
             status_message=span.status.message,
             resource_attributes=decode_attributes(rs.resource.attributes),
+            links=tuple((li.trace_id.hex(), li.span_id.hex()) for li in span.links),
         )
         for rs in request.resource_spans
         for ss in rs.scope_spans

@@ -219,6 +219,17 @@ class Decider:
         call.cold = cold
         return (PROFILED, call)
 
+    def open_asked(self) -> Decision:
+        """A root call :meth:`decide` left unsampled that must run profiled all the same:
+        a batch (``profkit.batch``) one of whose requests asked for a profile. A window as
+        for baggage (``BAGGAGE``), past the same gates; never inside an unsampled trace."""
+        otel = otel_current()
+        span: Any = otel.get(SPAN_KEY) if otel else None
+        parent: SpanContext | None = span.get_span_context() if span is not None else None
+        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+            return OFF
+        return self._open(Policy.BAGGAGE, parent)
+
     def _refused(self) -> str | None:
         """The gate before a window: the queue has room, profkit is within its budget."""
         if self._pipeline.full():

@@ -18,11 +18,11 @@ from typing import Any
 from opentelemetry.trace import SpanContext
 
 from .._config import Config
-from .._errors import guard
+from .._errors import guard, retry_once
 from .._export.pipeline import ExportPipeline
 from .._records import CallRecord, Policy
 from .._sampling import RateLimiter
-from .._stats import Stats
+from .._stats import JOINED, SETTLED, Stats
 from .._targeting.slow import Speculation
 from .._targeting.verdict import judge
 from . import foreign as _foreign
@@ -83,27 +83,28 @@ class WindowKeeper:
 
         In this order, so that a refusal spends nothing: the slot is taken (else
         ``skipped_busy``), no one else's profiler runs or starts (``skipped_foreign``), the
-        rate cap has a token (``skipped_rate_limit``; a trigger is not capped), then
-        ``spend()`` (taking the trigger) agrees.
-        A speculative call (``speculative``: the window's size) counts no refusal (it was
-        not sampled), nor does a trigger (it waits for the next call).
-        """
+        rate cap has a token (``skipped_rate_limit``; not for a trigger), ``spend()`` (taking
+        the trigger) agrees. A speculative call (``speculative``: the window's size) counts
+        no refusal (it was not sampled), nor does a trigger (it waits for the next call)."""
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         waits = bool(speculative) or policy is Policy.TRIGGER  # counts no refusal: it waits
+        # the record first: each count of the call is marked on it, once (docs/reliability.md)
+        call = CallRecord.begin(policy, parent, sampler)
         if not SLOT.acquire() and not _reclaim_if_owner_exited():
-            self._refuse(waits, "skipped_busy")
+            self._refuse(call, waits, "skipped_busy")
             return None
         win: Window | None = None
-        opened = charged = False
+        opened = charged = interrupted = False
         try:
             if not _foreign.may_open():
-                self._refuse(waits, "skipped_foreign")
+                self._refuse(call, waits, "skipped_foreign")
                 return None
             limiter = self._spec_limiter if speculative else self._limiter
             if policy is Policy.TRIGGER:
                 limiter = None
             if limiter is not None and not limiter.allow():
                 if not speculative:
+                    call.counted = JOINED | SETTLED  # (with the count: no call in between)
                     next(self.stats.refused["skipped_rate_limit"])
                 return None
             if spend is not None and not spend():
@@ -115,63 +116,62 @@ class WindowKeeper:
                 win.start(spare)
             if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
                 if not speculative:
-                    self.stats.add("sampled")
-                    self.stats.drop("profiler_start_failed")
+                    self.stats.settle(call, "profiler_start_failed")
                 return None
             self.stats.add("windows")
             self.stats.cpu.charge(time.thread_time() - cpu0)  # before the window is visible
             charged = True
             SLOT.occupy(win)
             _ThreadEndGuard.ensure()
-            call = self.join(win, policy, parent, sampler)
+            self.join(win, policy, parent, sampler, call)
             opened = True  # only now: an exception before leaves no window without its call
             return call
+        except BaseException:  # a signal's exception (a request timeout) landed in here
+            interrupted = True
+            raise
         finally:
             if not opened:
                 if win is not None:
                     win.ensure_stopped()  # started, then an exception landed: never leave it on
+                if interrupted and win is not None and win.calls:
+                    _count_lost(win, "interrupted")
+                elif interrupted and not speculative:  # picked, never opened
+                    self.stats.settle(call, "interrupted")
                 SLOT.vacate(win)
                 if not charged:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # after cleaning up
 
-    def _refuse(self, waits: bool, reason: str) -> None:
-        self.stats.skip(reason) if not waits else None
+    def _refuse(self, call: CallRecord, waits: bool, reason: str) -> None:
+        self.stats.skip(reason, call) if not waits else None
 
     def join(
-        self, win: Window, policy: Policy, parent: SpanContext | None, sampler: str = ""
+        self,
+        win: Window,
+        policy: Policy,
+        parent: SpanContext | None,
+        sampler: str = "",
+        call: CallRecord | None = None,
     ) -> CallRecord:
-        """Add a root call to ``win`` (one ``append``: the window's counts derive from it)."""
+        """Add a root call to ``win``: appended and counted as one step (``Stats.join``)."""
         warm = not win.speculative and len(win.calls) < self._config.warmup
-        call = CallRecord(
-            window=win,
-            index=len(win.calls),
-            policy=policy,
-            warmup=warm,
-            parent_span_context=parent if parent is not None and parent.is_valid else None,
-            thread_name=threading.current_thread().name,
-            sampler=sampler,
-        )
+        call = call or CallRecord.begin(policy, parent, sampler)
+        call.window, call.index, call.warmup = win, len(win.calls), warm
         if policy is Policy.SPECULATIVE:
             call.worker_busy_ns = self.pipeline.busy_ns()
-        counter = "warmup_calls" if warm else "speculative"
-        self.stats.add(counter if warm or policy is Policy.SPECULATIVE else "sampled")
-        win.calls.append(call)
+        counter = "warmup_calls" if warm else "sampled"
+        spec = policy is Policy.SPECULATIVE
+        self.stats.join(win.calls, call, "speculative" if spec else counter)
         return call
 
     def spend_rate_token(self) -> bool:
-        """A call that joins a speculative window on its own terms (a trigger, baggage)
-        spends a token of the rate cap, as a window of its own would."""
+        """A trigger or baggage call joining a speculative window spends a rate-cap token."""
         return self._limiter is None or self._limiter.allow()
 
     # -- a root call ended, or yielded ------------------------------------------------------
 
     def ended(self, call: CallRecord, active: bool) -> None:
-        """A root call of one of this keeper's windows ended: close the window if it is done.
-
-        Done: full (``window`` and ``warmup`` ask for more calls in one window), the
-        session stopped, or a speculative window's calls all ended (it never waits on a
-        thread that may idle).
-        """
+        """A root call of one of this keeper's windows ended: close the window if it is done
+        (full, the session stopped, or a speculative window: it never waits on an idle thread)."""
         win: Window = call.window
         if win.in_flight:
             return
@@ -196,14 +196,17 @@ class WindowKeeper:
                 win.release()
             elif stopped:
                 self.pipeline.offer(win)
-            elif win.recorded:
-                self.stats.drop("profiler_stop_failed", win.recorded)
+            else:
+                _count_lost(win, "profiler_stop_failed")
+                win.release()
             self.stats.cpu.charge(time.thread_time() - cpu0)
-        except BaseException:  # a signal's exception mid-stop: the profiler must not stay on
-            win.ensure_stopped()
+        except BaseException:  # a signal's exception mid-close: the profiler must not stay on,
+            win.ensure_stopped()  # and a window not queued yet is counted, each call once
+            if not win.handed:
+                retry_once(_count_lost, win, "interrupted")
             raise
         finally:
-            _retry_once(SLOT.vacate, win)
+            retry_once(SLOT.vacate, win)
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:
         """A stopped speculative window keeps only the calls found slow (or asked for)."""
@@ -233,12 +236,18 @@ class WindowKeeper:
     def discard_window(self, win: Window, reason: str) -> None:
         """Give ``win`` up unread (its thread is gone, or the interpreter is exiting)."""
         try:
-            recorded = win.recorded
+            _count_lost(win, reason)
             win.discard()
-            if recorded:
-                self.stats.drop(reason, recorded)
         finally:
             SLOT.vacate(win)
+
+
+def _count_lost(win: Window, reason: str) -> None:
+    """Count each call of ``win`` (unseen by the export worker) once: released or dropped."""
+    for call in win.calls:
+        if call.policy is Policy.SPECULATIVE:
+            win.keeper.stats.judge(call, Policy.RELEASED, "speculative_released")
+    win.keeper.pipeline.lose(win, reason, release=False)
 
 
 # -- whatever window holds the slot -------------------------------------------------------
@@ -336,15 +345,6 @@ def _discard_if_still(win: Window, reason: str) -> bool:
         return True
     finally:
         SLOT.reclaim_lock.release()
-
-
-def _retry_once(fn: Any, *args: Any) -> None:
-    """Run ``fn`` (idempotent); once more if a signal's exception cut the first run short."""
-    try:
-        fn(*args)
-    except BaseException:
-        fn(*args)
-        raise
 
 
 class _ThreadEndGuard:

@@ -121,6 +121,7 @@ class Window:
         "config",
         "cut_reason",
         "deadline",
+        "handed",
         "id",
         "keeper",
         "needed",
@@ -156,6 +157,8 @@ class Window:
         self.cut_reason = "max_window_s"
         #: root calls of other requests seen on this window's thread while it recorded
         self.others = 0
+        #: queued for the export worker (set by the pipeline together with the queueing)
+        self.handed = False
         #: the session's window owner that opened it (:class:`profkit._capture.keeper.WindowKeeper`)
         self.keeper: Any = None
 

@@ -107,22 +107,23 @@ class ExportPipeline:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
         with self._lock:
-            if self._closed:
-                self._drop(win, "shutdown", recorded)
-                return
-            if self._queue.qsize() >= self._queue_size:
-                self._drop(win, "queue_full", recorded)
+            if self._closed or self._queue.qsize() >= self._queue_size:
+                self.lose(win, "shutdown" if self._closed else "queue_full")
                 return
             with self._ledger.lock:  # counted and queued together: no check falls in between
                 self._ledger.pending += recorded
+                win.handed = True  # (no call between these two: a signal lands before or after)
                 self._queue.put(win)
             self._ensure_worker()
 
-    def _drop(self, win: StoppedWindow, reason: str, recorded: int) -> None:
-        win.release()
-        if recorded:
-            self._ledger.lost = True
-            self.stats.drop(reason, recorded)
+    def lose(self, win: StoppedWindow, reason: str, *, release: bool = True) -> None:
+        """Count each recorded call of a window not for export as dropped, once; free it."""
+        for call in win.calls:
+            if not call.warmup and call.policy.exported:
+                self._ledger.lost = True
+                self.stats.settle(call, reason)
+        if release:
+            win.release()
 
     def start(self) -> None:
         """Start the worker now (``configure()``), so the first sampled call does not."""
@@ -238,7 +239,7 @@ class ExportPipeline:
                 return total
             if item is not _STOP:
                 n = item.recorded  # type: ignore[attr-defined]
-                self._drop(item, "shutdown", n)  # type: ignore[arg-type]
+                self.lose(item, "shutdown")  # type: ignore[arg-type]
                 total += n
                 self._settle(n)
 

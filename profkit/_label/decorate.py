@@ -22,8 +22,8 @@ import wrapt
 
 from .._model import CodeInfo
 from .compiler import compiled_away, compiling
-from .drivers import SteppedAsyncGen, async_call, drive
-from .scope import FRAME, OFF, Stepped, enter, exit_, sync_call
+from .drivers import Stepped, SteppedAsyncGen, async_call, drive
+from .scope import FRAME, OFF, enter, exit_, sync_call
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
+from contextvars import Token
 from typing import Any
 
-from .._capture.keeper import checkpoint
+from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
-from .scope import FRAME, OFF, Active, Stepped, enter, exit_
+from .scope import FRAME, OFF, Active, enter, exit_
 
-__all__ = ["Intervals", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
+__all__ = ["Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
 
 _set_frame = FRAME.set
 
@@ -201,3 +202,71 @@ class _InScope:
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return drive(self._awaitable.__await__(), self._scope, final=False)
+
+
+class Stepped:
+    """A scope held open across the steps of a generator: its frame is set only per step.
+
+    The scope is entered at the first step (``spec=False``: never speculatively); each step
+    runs with the scope's frame set (so scopes inside the generator nest under it) and
+    restores the caller's afterwards. Each step is a checkpoint for ``max_window_s``.
+    """
+
+    __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label", "spec")
+
+    def __init__(
+        self, label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True
+    ) -> None:
+        self.label, self.attributes, self.code, self.spec = label, attributes, code, spec
+        self._started = False
+        self._entered: Active | None = None
+        self._frame: Any = None
+
+    def step_in(self) -> Token[Any] | None:
+        """Before a step: enter the scope on the first one, then set its frame."""
+        if not self._started:
+            self._started = True
+            outer = FRAME.get()
+            try:
+                entered = enter(self.label, self.attributes, self.code, self.spec)
+                if entered is not None:
+                    self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
+                    if isinstance(entered, Active):
+                        self._entered = entered
+            finally:
+                FRAME.set(outer)  # the caller's frame; ours is set per step below
+        if self._frame is None:
+            return None
+        if self._entered is not None:
+            checkpoint()
+        return FRAME.set(self._frame)
+
+    def step_out(self, token: Token[Any] | None) -> None:
+        """After a step: the caller's frame again."""
+        if token is not None:
+            try:  # noqa: SIM105  # contextlib.suppress builds an object per step
+                FRAME.reset(token)
+            except ValueError:  # the step ended in another context: nothing to restore
+                pass
+
+    def suspended(self) -> None:
+        """A generator yielded: its thread may change before the next step.
+
+        A thread-local profiler can only be stopped on the thread that started it, so a
+        sampled generator root stops its window here (``truncated = "first_step"``) unless
+        the window records all threads (then any thread can stop it).
+        """
+        entered = self._entered
+        if entered is not None and entered.session is not None and not entered.call.stopped:
+            yielded(entered.call)
+
+    def finish(self, error: BaseException | None) -> None:
+        """The generator is done (returned, raised or closed): end the scope (idempotent)."""
+        entered = self._entered
+        self._frame = None
+        if entered is not None:
+            exit_(
+                entered,
+                error if not isinstance(error, GeneratorExit) else None,
+                restore=False,
+            )

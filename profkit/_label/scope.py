@@ -11,7 +11,7 @@ A context variable holds where the current context stands:
 generators). :func:`sync_call` is the same logic for a synchronous call, inlined once for
 the hot path (an off-sample call then runs no other Python function than ``begin_root``
 and the compiler check that makes it nothing under ``torch.compile``).
-:class:`Stepped` keeps a scope open across the steps of a generator or async generator.
+:class:`profkit._label.drivers.Stepped` keeps a scope open across a generator's steps.
 Off-sample, no torch function is called at all.
 
 A signal handler's exception (a SIGALRM timeout) can land on any bytecode, here too: the
@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any
 
 from torch.autograd.profiler import record_function
@@ -33,7 +33,7 @@ from torch.autograd.profiler import record_function
 from .. import _errors
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.decide import PROFILED, TIMED
-from .._capture.keeper import checkpoint, orphaned, yielded
+from .._capture.keeper import checkpoint, orphaned
 from .._capture.slot import SLOT
 from .._model import CodeInfo
 from .._records import CallRecord, ScopeRecord
@@ -42,7 +42,7 @@ from .._text import escape
 from .compiler import compiled_away, compiling
 
 __all__ = [
-    "FRAME", "GLOBAL", "OFF", "Active", "Stepped", "enter", "exit_", "sync_call",
+    "FRAME", "GLOBAL", "OFF", "Active", "enter", "exit_", "sync_call",
 ]  # fmt: skip
 
 
@@ -181,6 +181,20 @@ def _abort_root(call: CallRecord | None, session: Any, error: BaseException | No
         call = frame.call if isinstance(frame, Active) else None
     if call is not None:
         _end_root(session, call, error)
+    elif session is not None and SLOT.held is not None:
+        _abandoned(session, error)
+
+
+def _abandoned(session: Any, error: BaseException | None) -> None:
+    """End the calls a cut-short decision left behind: a signal's exception landed after a
+    call joined a window on this thread, before the scope got its record (none of its scopes
+    was entered). Without this, the window would wait for them until ``max_window_s``."""
+    win = SLOT.held
+    if win is None or win.owner != threading.get_ident() or win.keeper is not session.keeper:
+        return
+    for call in list(win.calls):
+        if not call.done and not call.scopes:
+            _end_root(session, call, error)
 
 
 def _abort_nested(frame: Active) -> None:
@@ -271,6 +285,7 @@ def sync_call(
     pk_open, pk_internal = _open, _errors.internal
     pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
+    pk_abandoned = _abandoned
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -315,6 +330,8 @@ def sync_call(
             return pk_fn(*args, **kwargs)
         except BaseException as exc:
             error = exc
+            if decision is pk_no and pk_slot.held is not None:  # the decision cut short?
+                pk_abandoned(session, exc)
             raise
         finally:
             if decision is pk_no:  # by token when it was stored (cheaper), else by value
@@ -330,71 +347,3 @@ def sync_call(
                     raise
 
     return profiled_call
-
-
-class Stepped:
-    """A scope held open across the steps of a generator: its frame is set only per step.
-
-    The scope is entered at the first step (``spec=False``: never speculatively); each step
-    runs with the scope's frame set (so scopes inside the generator nest under it) and
-    restores the caller's afterwards. Each step is a checkpoint for ``max_window_s``.
-    """
-
-    __slots__ = ("_entered", "_frame", "_started", "attributes", "code", "label", "spec")
-
-    def __init__(
-        self, label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True
-    ) -> None:
-        self.label, self.attributes, self.code, self.spec = label, attributes, code, spec
-        self._started = False
-        self._entered: Active | None = None
-        self._frame: Any = None
-
-    def step_in(self) -> Token[Any] | None:
-        """Before a step: enter the scope on the first one, then set its frame."""
-        if not self._started:
-            self._started = True
-            outer = FRAME.get()
-            try:
-                entered = enter(self.label, self.attributes, self.code, self.spec)
-                if entered is not None:
-                    self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
-                    if isinstance(entered, Active):
-                        self._entered = entered
-            finally:
-                FRAME.set(outer)  # the caller's frame; ours is set per step below
-        if self._frame is None:
-            return None
-        if self._entered is not None:
-            checkpoint()
-        return FRAME.set(self._frame)
-
-    def step_out(self, token: Token[Any] | None) -> None:
-        """After a step: the caller's frame again."""
-        if token is not None:
-            try:  # noqa: SIM105  # contextlib.suppress builds an object per step
-                FRAME.reset(token)
-            except ValueError:  # the step ended in another context: nothing to restore
-                pass
-
-    def suspended(self) -> None:
-        """A generator yielded: its thread may change before the next step.
-
-        A thread-local profiler can only be stopped on the thread that started it, so a
-        sampled generator root stops its window here (``truncated = "first_step"``) unless
-        the window records all threads (then any thread can stop it).
-        """
-        entered = self._entered
-        if entered is not None and entered.session is not None and not entered.call.stopped:
-            yielded(entered.call)
-
-    def finish(self, error: BaseException | None) -> None:
-        """The generator is done (returned, raised or closed): end the scope (idempotent)."""
-        entered = self._entered
-        self._frame = None
-        if entered is not None:
-            exit_(
-                entered,
-                error if not isinstance(error, GeneratorExit) else None,
-                restore=False,
-            )

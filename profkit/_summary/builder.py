@@ -324,6 +324,7 @@ def _build_call(
         device_active=device_active,
         compile_us=compile_us,
         compiled_labels=compiled_labels(per_scope[0], limit),
+        batch=call.batch,
     )
 
 

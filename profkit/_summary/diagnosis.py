@@ -99,6 +99,10 @@ def diagnose(call: CallSummary, thresholds: Thresholds) -> Diagnosis:
     figures = _figures(call, thresholds)
     verdict, reason = _judge(call, figures, thresholds)
     figures["margin"] = _margin(verdict, figures, thresholds)
+    if call.batch is not None and call.batch.size:  # one forward for many requests
+        figures["batch_member_count"] = call.batch.size
+        figures["per_request_us"] = figures["wall_us"] / call.batch.size
+        reason += f"; a batch of {call.batch.size}: {figures['per_request_us']:.1f} µs per request"
     return Diagnosis(
         verdict=verdict,
         reason=reason,

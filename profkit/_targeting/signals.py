@@ -30,6 +30,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
+from .._errors import foreign
 from .._settings import signal_number
 from .._stats import Stats
 
@@ -75,10 +76,11 @@ def _handler_for(box: _Installed) -> Callable[[int, FrameType | None], None]:
         if target is not None:
             # nothing of profkit's may leave its handler; a try costs nothing (no
             # contextlib.suppress: no object to build between two bytecodes of the app)
-            try:  # noqa: SIM105
+            try:
                 target.triggered.signalled()
-            except Exception:
-                pass
+            except Exception as exc:
+                if foreign(exc, below=True):  # another handler's, run inside this one: theirs
+                    raise
         previous = box.previous
         if callable(previous):
             previous(signum, frame)

@@ -36,11 +36,9 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
         limit = book.judge(label, took)
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
-        call.policy = Policy.SLOW
-        stats.add("sampled")
+        stats.judge(call, Policy.SLOW, "sampled")  # (one step: policy and count, once)
     else:
-        call.policy = Policy.RELEASED
-        stats.add("speculative_released")
+        stats.judge(call, Policy.RELEASED, "speculative_released")
         # its per-op recording is profkit's cost too: the worker, which charges a read
         # window's, never sees a released call (the profiled-less-unprofiled median)
         stats.cpu.charge(book.inflation_ns(label) / 1e9)

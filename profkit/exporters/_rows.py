@@ -7,7 +7,7 @@ from typing import Any
 
 from .._model import CallSummary, OpRow
 
-__all__ = ["call_extras", "call_fields", "iso_time", "op_dict"]
+__all__ = ["batch_members", "call_extras", "call_fields", "iso_time", "op_dict"]
 
 
 def iso_time(epoch_ns: int) -> str:
@@ -57,6 +57,24 @@ def call_extras(call: CallSummary) -> dict[str, Any]:
         out["unsampled_p50_ms"] = round(call.unsampled_p50_ms, 3)
     if call.cold:
         out["cold"] = True
+    if call.batch is not None:
+        out["batch_size"] = call.batch.size
+    return out
+
+
+def batch_members(call: CallSummary) -> list[dict[str, Any]]:
+    """A batch's members: share, and the ids of each one's span (its member span once the
+    span step made it, else the request's span; none for a member with no span)."""
+    assert call.batch is not None
+    out = []
+    for m in call.batch.members:
+        entry: dict[str, Any] = {"share": round(m.share, 6)}
+        ctx: Any = m.span_context
+        if m.span_id:
+            entry.update(trace_id=m.trace_id, span_id=m.span_id)
+        elif ctx is not None:
+            entry.update(trace_id=f"{ctx.trace_id:032x}", span_id=f"{ctx.span_id:016x}")
+        out.append(entry)
     return out
 
 
@@ -86,6 +104,8 @@ def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
     if call.error is not None:
         out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
     out.update(call_extras(call))
+    if call.batch is not None:
+        out["batch_members"] = batch_members(call)
     if call.diagnosis is not None:
         d = call.diagnosis
         out["diagnosis"] = d.verdict

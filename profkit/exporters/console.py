@@ -30,6 +30,10 @@ def render_call(call: CallSummary) -> str:
     ]
     if call.trace_id:
         lines.append(f"  trace {call.trace_id} span {call.span_id}")
+    if call.batch is not None:
+        shares = ", ".join(f"{m.share:.3g}" for m in call.batch.members[:8])
+        more = " ..." if call.batch.size > 8 else ""
+        lines.append(f"  batch of {call.batch.size} requests, shares {shares}{more}")
     for scope in call.scopes[1:]:
         depth = _depth(call, scope.index)
         lines.append(f"  {'  ' * depth}region {scope.label:<24} {scope.duration_us / 1000:9.3f} ms")

@@ -1,4 +1,6 @@
-"""Structured log events through structlog: ``profkit.profile`` per call, ``profkit.op`` per row.
+"""Structured log events through structlog: ``profkit.profile`` per call, ``profkit.op`` per row,
+and for a batch (``profkit.batch``) one ``profkit.batch_member`` per member whose trace is
+sampled, carrying that member's ids (its member span's, else its request span's).
 
 The op rows are only in the ``profkit.op`` events (the ``"json"`` exporter's one line per
 call keeps them as ``top_ops``), so that a call is one short line plus one line per row.
@@ -18,7 +20,7 @@ import structlog
 
 from .._model import CallSummary, WindowSummary
 from . import Exporter
-from ._rows import call_fields, op_dict
+from ._rows import batch_members, call_fields, op_dict
 
 __all__ = ["LogExporter"]
 
@@ -55,3 +57,25 @@ class LogExporter(Exporter):
             head = {**ids, "label": call.label, "start_time": fields["start_time"]}
             for rank, row in enumerate(call.root.ops, 1):
                 logger.info("profkit.op", **head, rank=rank, **op_dict(row))
+            if call.batch is not None:
+                _members(logger, call, ids, head)
+
+
+def _members(logger: Any, call: CallSummary, ids: dict[str, str], head: dict[str, Any]) -> None:
+    """One ``profkit.batch_member`` event per member with a span, in that member's trace."""
+    assert call.batch is not None
+    root = call.root
+    batch_ids = {f"batch_{key}": value for key, value in ids.items()}
+    for member, entry in zip(call.batch.members, batch_members(call), strict=True):
+        if not member.sampled or "span_id" not in entry:
+            continue
+        logger.info(
+            "profkit.batch_member",
+            **entry,
+            label=head["label"],
+            start_time=head["start_time"],
+            duration_us=round(root.duration_us, 3),
+            batch_size=call.batch.size,
+            self_cpu_us=round(root.self_cpu_us * member.share, 3),
+            **batch_ids,
+        )

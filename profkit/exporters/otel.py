@@ -16,12 +16,13 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from .._model import CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
+from .._model import BatchSummary, CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
 from .._text import clip
 from .._version import __version__
 from . import Exporter
+from ._batch import batch_links, member_attributes, scaled_rows, without_ids
 from ._rows import call_extras
 
 __all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_attributes"]
@@ -108,6 +109,7 @@ def scope_attributes(call: CallSummary, scope: ScopeSummary) -> dict[str, Any]:
 _EXTRA_NAMES = {
     "trace_path": "profkit.trace.path",
     "slow_threshold_ms": "profkit.sampling.threshold_ms",
+    "batch_size": "profkit.batch.size",
 }
 
 
@@ -196,7 +198,7 @@ class SpanExporter(Exporter):
         self.why_not_recording = "span_not_recording"
         if self._shut_down(provider):  # asked after the spans ended: none slips through
             self.why_not_recording = "provider_shut_down"
-            calls = [dataclasses.replace(c, trace_id="", span_id="") for c in calls]
+            calls = [_no_ids(c) for c in calls]
         return dataclasses.replace(summary, calls=tuple(calls))
 
     def export(self, summary: WindowSummary) -> None:
@@ -218,6 +220,7 @@ class SpanExporter(Exporter):
                     context=span_ctx,
                     kind=SpanKind.INTERNAL,
                     attributes=scope_attributes(call, scope),
+                    links=batch_links(call) if scope.parent < 0 else None,
                     start_time=scope.start_ns,
                 )
             )
@@ -226,9 +229,12 @@ class SpanExporter(Exporter):
         recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
+        sc = spans[0].get_span_context()
+        if call.batch is not None:  # each member's span, linked to the batch's if it exists
+            batch = _member_spans(tracer, call, call.batch, sc if recorded else None)
+            call = dataclasses.replace(call, batch=batch)
         if not recorded:
             return call  # no ids: nothing may point at a span that does not exist
-        sc = spans[0].get_span_context()
         return dataclasses.replace(
             call,
             trace_id=trace.format_trace_id(sc.trace_id),
@@ -246,6 +252,47 @@ class SpanExporter(Exporter):
         if flush is None:
             return True
         return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))
+
+
+def _member_spans(
+    tracer: trace.Tracer, call: CallSummary, batch: BatchSummary, link: Any
+) -> BatchSummary:
+    """In each sampled member's trace a span named after the batch, child of the member's
+    span, with its share and the op rows scaled by it; the batch with their ids."""
+    root = call.root
+    links = [Link(link)] if link is not None else None
+    members = []
+    for m in batch.members:
+        if not m.sampled:
+            members.append(m)
+            continue
+        attrs = member_attributes(call, m)
+        attrs.update(op_attributes(scaled_rows(root.ops, m.share)))
+        span = tracer.start_span(
+            call.label,
+            context=trace.set_span_in_context(NonRecordingSpan(m.span_context)),  # type: ignore[arg-type]
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            links=links,
+            start_time=root.start_ns,
+        )
+        recorded = span.is_recording()
+        span.end(end_time=root.end_ns)
+        if recorded:
+            sc = span.get_span_context()
+            m = dataclasses.replace(
+                m,
+                trace_id=trace.format_trace_id(sc.trace_id),
+                span_id=trace.format_span_id(sc.span_id),
+            )
+        members.append(m)
+    return dataclasses.replace(batch, members=tuple(members))
+
+
+def _no_ids(call: CallSummary) -> CallSummary:
+    """The call with no span ids (nor its members'): its spans reached no exporter."""
+    batch = without_ids(call.batch) if call.batch is not None else None
+    return dataclasses.replace(call, trace_id="", span_id="", batch=batch)
 
 
 def _record_error(span: Span, call: CallSummary) -> None:

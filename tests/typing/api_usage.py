@@ -36,3 +36,11 @@ add("not an int")  # expected error: the original signature is enforced
 profkit.configure(sample_every=10, exporters=["log"], trace_dir=None)  # fine: typed keywords
 profkit.configure(sample_every="10")  # expected error: a setting's type is checked
 profkit.configure(sampel_every=10)  # expected error: a misspelt setting is caught
+
+
+async def batched(members: list[profkit.BatchMember]) -> None:
+    """batch() is a sync and an async context manager; weights are numbers."""
+    with profkit.batch("forward", members, weights=[1, 2.5]):
+        pass
+    async with profkit.batch("forward", [*members, profkit.batch_member()]):
+        pass

@@ -1,0 +1,259 @@
+"""Batched inference: ``batch_member()`` in each request, ``with batch(label, members)`` in
+the batcher.
+
+A dynamic batcher runs one forward for many requests outside every request's context. Each
+request takes a :class:`BatchMember` token before its input goes to the batcher (its active
+OTel span, and whether anything asked for it to be profiled); the batcher wraps the forward
+in :class:`batch`, a root call of its own. It is profiled when the sampler picks it (by its
+label, as any root call) or when a member asked (baggage ``profkit.profile`` with
+``baggage_trigger``, or the request itself profiled by a trigger or by baggage): then the
+batch span links every member's span and each member's trace gets a span of its own with its
+share (:mod:`profkit.exporters.otel`). Off-sample, :func:`batch_member` is a few context
+reads and one small object; :class:`batch` one pass over the members and the decision.
+
+Inside another profkit scope a batch is a region (nested scopes only label): it has no
+batch spans. profkit never raises into the batcher: a member that is not a token (None, a
+request object) is counted (``batch_members_invalid``) and left out, bad ``weights``
+(``batch_weights_invalid``) fall back to equal shares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry.trace import TraceFlags
+
+from .. import _errors
+from .._capture.decide import OFF as NOT_PROFILED
+from .._capture.decide import PROFILED, asks_to_profile
+from .._compat import SPAN_KEY, otel_current
+from .._model import BatchMemberSummary, BatchSummary
+from .._records import CallRecord, Policy
+from .compiler import compiled_away, compiling
+from .scope import FRAME, GLOBAL, OFF, _abort_root, _open, enter, exit_
+
+__all__ = ["BatchMember", "batch", "batch_member"]
+
+_SAMPLED = TraceFlags.SAMPLED
+_TRIGGER = Policy.TRIGGER
+_BAGGAGE = Policy.BAGGAGE
+
+
+class BatchMember:
+    """A request's part in a batch: what :func:`batch_member` returns, for :class:`batch`."""
+
+    __slots__ = ("_span", "asked")
+
+    _span: Any
+    asked: bool
+    """Something asked for this request to be profiled (baggage, a trigger)."""
+
+    @property
+    def span_context(self) -> Any:
+        """The OTel ``SpanContext`` active when the token was taken (None: no span)."""
+        return self._span.get_span_context() if self._span is not None else None
+
+    def __repr__(self) -> str:
+        return f"<profkit.BatchMember span={self.span_context!r} asked={self.asked}>"
+
+
+_alloc = object.__new__
+
+
+def _token(span: Any, asked: bool) -> BatchMember:
+    """A token without ``__init__``'s frame (its two slots set in place)."""
+    token: BatchMember = _alloc(BatchMember)
+    token._span = span
+    token.asked = asked
+    return token
+
+
+#: the token of a request with no active span that asked for nothing: shared, no allocation
+_NOTHING = _token(None, False)
+
+
+def batch_member() -> BatchMember:
+    """A token for the current request, to hand to :class:`batch` with its input.
+
+    Call it in the request's handler (in its span), before the input goes to the batcher.
+    It reads the active OTel span and whether this request asked for a profile: baggage
+    ``profkit.profile=1`` (when ``baggage_trigger`` is on), or the request's own root call
+    profiled by a trigger or by baggage. It never raises.
+    """
+    try:
+        otel = otel_current()
+        frame = FRAME.get()
+        asked = frame is not None and frame is not OFF and _asked_by_call(frame.call)
+        if otel and not asked:
+            session = GLOBAL.session  # the decision's own baggage flag: one read when off
+            if session is not None and session._baggage:
+                asked = asks_to_profile(otel)
+        span = otel.get(SPAN_KEY) if otel else None
+        if span is None and not asked:
+            return _NOTHING
+        # the span, not its context: its context is read only if the batch is profiled
+        token: BatchMember = _alloc(BatchMember)
+        token._span = span
+        token.asked = asked
+        return token
+    except Exception as exc:
+        session = GLOBAL.session
+        if session is None:
+            raise
+        _errors.internal(session.stats, "batch_member", exc)
+        return _NOTHING
+
+
+def _asked_by_call(call: CallRecord) -> bool:
+    """The request's own root call runs profiled because someone asked for it."""
+    return call.policy is _TRIGGER or call.policy is _BAGGAGE
+
+
+class batch:
+    """``with profkit.batch(label, members, weights=None):`` around one forward for many
+    requests (``async with`` too): a root call named ``label``.
+
+    ``members``: the :func:`batch_member` tokens of the requests in the batch. ``weights``
+    (optional, one per member, e.g. tokens): each member's share is its weight over the sum,
+    else 1/size. One object serves one ``with``.
+    """
+
+    __slots__ = ("_entered", "_members", "_weights", "label")
+
+    def __init__(
+        self, label: str, members: Iterable[Any], weights: Iterable[float] | None = None
+    ) -> None:
+        self.label = label
+        self._members = members
+        self._weights = weights
+        self._entered: Any = None
+
+    def __enter__(self) -> batch:
+        if compiling() and compiled_away(self.label):
+            return self
+        frame = FRAME.get()
+        session = GLOBAL.session
+        nested = frame is not None and (frame is OFF or not frame.call.done)
+        if nested or session is None or not session.active:
+            self._entered = enter(self.label, {}, None)  # a region (or nothing at all)
+        else:
+            self._entered = _enter_root(session, self.label, self._members, self._weights)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        entered, self._entered = self._entered, None
+        try:
+            exit_(entered, exc)
+        except BaseException:  # a signal's exception cut the first attempt short
+            exit_(entered, exc)
+            raise
+
+    async def __aenter__(self) -> batch:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
+    """The batch's root call: the decision, forced open when a member asked; then its scope
+    (what :func:`profkit._label.scope.enter` does for a root, with the batch's record)."""
+    call = None
+    try:
+        FRAME.set(OFF)
+        decision = NOT_PROFILED
+        found: tuple[list[BatchMember], list[float] | None, bool] = ([], None, False)
+        try:  # a failing decision is counted; the batch then runs unsampled
+            decision = session.begin_root(label, False)  # never timed nor speculative
+        except Exception as exc:
+            _errors.internal(session.stats, "begin_root", exc)
+        try:
+            found = _valid(session.stats, members, weights)
+            if decision is NOT_PROFILED and found[2]:
+                decision = session.open_asked()
+        except Exception as exc:
+            _errors.internal(session.stats, "batch", exc)
+        if decision is NOT_PROFILED or decision[0] is not PROFILED:
+            return OFF
+        call = decision[1]
+        try:
+            call.batch = _summary(session.stats, *found)
+        except Exception as exc:  # the call is still profiled, as a plain one
+            _errors.internal(session.stats, "batch", exc)
+        return _open(call, None, session, label, {}, None)
+    except BaseException as exc:
+        _abort_root(call, session, exc)
+        raise
+
+
+def _valid(
+    stats: Any, members: Any, weights: Any
+) -> tuple[list[BatchMember], list[float] | None, bool]:
+    """The tokens among ``members``, their weights (None: equal shares), whether one asked.
+
+    What is not a token is counted and left out (``batch_members_invalid``); weights that
+    are not one finite number >= 0 per member, with a positive sum, are counted
+    (``batch_weights_invalid``) and give equal shares.
+    """
+    try:
+        items = list(members)
+    except Exception:  # not iterable, or its iteration failed: nothing to batch
+        stats.add("batch_members_invalid")
+        return [], None, False
+    valid = [m for m in items if m.__class__ is BatchMember]
+    if len(valid) != len(items):
+        stats.add("batch_members_invalid", len(items) - len(valid))
+    asked = any(m.asked and not _in_unsampled_trace(m.span_context) for m in valid)
+    if weights is None:
+        return valid, None, asked
+    chosen = _weights(items, weights)
+    if chosen is None:
+        stats.add("batch_weights_invalid")
+    return valid, chosen, asked
+
+
+def _in_unsampled_trace(sc: Any) -> bool:
+    """The span context belongs to a trace that was not sampled (its spans are never kept)."""
+    return sc is not None and sc.is_valid and not sc.trace_flags & _SAMPLED
+
+
+def _weights(items: list[Any], weights: Any) -> list[float] | None:
+    """The weights of the tokens in ``items``, or None when they cannot be used."""
+    try:
+        given = list(weights)
+    except Exception:
+        return None
+    if len(given) != len(items):
+        return None
+    out = []
+    for item, w in zip(items, given, strict=True):
+        if item.__class__ is not BatchMember:
+            continue
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            return None
+        value = float(w)
+        if not math.isfinite(value) or value < 0:
+            return None
+        out.append(value)
+    return out if sum(out) > 0 else None
+
+
+def _summary(
+    stats: Any, members: list[BatchMember], weights: list[float] | None, asked: bool
+) -> BatchSummary | None:
+    """The profiled batch's members with their shares; counts those with no member span."""
+    if not members:
+        return None
+    total = sum(weights) if weights is not None else float(len(members))
+    out = []
+    for i, m in enumerate(members):
+        sc = m.span_context
+        sampled = bool(sc is not None and sc.is_valid and sc.trace_flags & _SAMPLED)
+        share = (weights[i] if weights is not None else 1.0) / total
+        out.append(BatchMemberSummary(sc if sampled else None, share, sampled))
+    unsampled = sum(1 for m in out if not m.sampled)
+    if unsampled:
+        stats.add("batch_members_unsampled", unsampled)
+    return BatchSummary(tuple(out), weighted=weights is not None)

@@ -1,0 +1,211 @@
+"""A signal handler's exception landing inside profkit's own steps: it reaches the caller,
+whatever kind of callable the handler is, and the sampled call is counted exactly once.
+
+The storms (tests/test_serving.py, random SIGALRM timeouts) find these places by chance;
+here each one is hit on purpose: the step calls the installed SIGALRM handler itself, as
+Python does when a signal arrives between two of its bytecodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+
+import profkit
+from profkit._capture import window as _window
+from profkit._sampling import Triggered
+from profkit._stats import Stats
+from profkit.testing import CaptureExporter
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+
+
+class RequestTimeout(Exception):
+    """What the application's SIGALRM handler raises."""
+
+
+def _alarm(signum: int, frame: FrameType | None, why: str = "timed out") -> None:
+    raise RequestTimeout(why)
+
+
+class _Alarm:
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        raise RequestTimeout("timed out")
+
+
+class _Owner:
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        raise RequestTimeout("timed out")
+
+
+#: every kind of callable signal.signal() takes as a handler
+HANDLERS: dict[str, Callable[[int, FrameType | None], Any]] = {
+    "function": _alarm,
+    "partial": functools.partial(_alarm, why="deadline"),
+    "object": _Alarm(),
+    "method": _Owner().on_alarm,
+}
+
+
+@pytest.fixture(params=sorted(HANDLERS))
+def handler(request: pytest.FixtureRequest) -> Iterator[Callable[[int, FrameType | None], Any]]:
+    """The application's SIGALRM handler, installed for the test and then put back."""
+    before = signal.signal(signal.SIGALRM, HANDLERS[request.param])
+    yield HANDLERS[request.param]
+    signal.signal(signal.SIGALRM, before)
+
+
+def _signal_arrives() -> None:
+    """What Python does when SIGALRM arrives here: run the installed handler."""
+    installed = signal.getsignal(signal.SIGALRM)
+    assert callable(installed)
+    installed(signal.SIGALRM, None)
+
+
+@profkit.profiled("handler")
+def predict() -> float:
+    return float(torch.ones(4, 4).mm(torch.ones(4, 4)).sum())
+
+
+def _configure(**settings: Any) -> CaptureExporter:
+    cap = CaptureExporter()
+    settings = {"sample_every": 1, **settings}
+    profkit.configure(max_per_minute=None, exporters=(), extra_exporters=(cap,), **settings)
+    return cap
+
+
+def _outcomes(s: profkit.StatsSnapshot) -> int:
+    return s["exported"] + s["dropped"] + s["skipped_busy"] + s["skipped_foreign"]
+
+
+@pytest.mark.usefixtures("swallow_internal_errors", "handler")
+@pytest.mark.parametrize("step", ["start", "stop"])
+def test_a_timeout_inside_the_profilers_start_or_stop_reaches_the_caller(
+    monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """The profiler's start and stop run inside profkit's guard: a handler's exception there
+    is the application's (a partial or a callable object too), and the call is counted
+    once, as dropped ("interrupted"); the profiler is not left on."""
+    _configure()
+    original = getattr(_window.Window, step)
+    hit = []
+
+    def interrupted(self: Any, *args: Any) -> None:
+        original(self, *args)
+        if not hit:
+            hit.append(step)
+            _signal_arrives()
+
+    monkeypatch.setattr(_window.Window, step, interrupted)
+    with pytest.raises(RequestTimeout):
+        predict()
+    profkit.force_flush(10)
+    monkeypatch.undo()
+    assert 64.0 == predict()  # and sampling goes on
+    assert profkit.force_flush(10)
+    s = profkit.stats()
+    assert 0 == s["errors"], s["error_reasons"]  # not profkit's error: the application's
+    assert (2, 1, {"interrupted": 1}) == (s["sampled"], s["exported"], s["dropped_reasons"])
+    assert s["sampled"] == _outcomes(s)
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+@pytest.mark.usefixtures("handler")
+def test_a_timeout_right_after_the_verdict_counts_the_call_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """capture_slow: the exception lands right after a speculative call's verdict was
+    counted; the retry that follows does not judge (nor count) it again."""
+    cap = _configure(capture_slow=True, sample_every=10**9)
+    for _ in range(60):  # a baseline of timed calls for the label
+        predict()
+    original = Stats.judge
+    hit = []
+
+    def judged(self: Stats, call: Any, policy: Any, name: str) -> None:
+        original(self, call, policy, name)
+        if not hit:
+            hit.append(name)
+            _signal_arrives()
+
+    monkeypatch.setattr(Stats, "judge", judged)
+    caught = 0
+    for _ in range(300):
+        try:
+            predict()
+        except RequestTimeout:
+            caught += 1
+    monkeypatch.undo()
+    assert profkit.force_flush(10)
+    s = profkit.stats()
+    assert (1, 1) == (len(hit), caught)
+    slow = sum(1 for c in cap.calls if c.policy == "slow")
+    assert s["speculative"] == s["speculative_released"] + slow
+    assert s["sampled"] == _outcomes(s) == slow + 1  # (call 0: the 1-in-N sampler's)
+
+
+@pytest.mark.usefixtures("handler")
+def test_a_timeout_inside_profkits_trigger_handler_is_the_applications(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGALRM arriving while profkit's own trigger-signal handler runs: its exception is
+    raised through profkit's handler to the application, not swallowed there."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        _configure(trigger_signal="SIGUSR1")
+        monkeypatch.setattr(Triggered, "signalled", lambda self: _signal_arrives())
+        installed = signal.getsignal(signal.SIGUSR1)
+        assert callable(installed)
+        with pytest.raises(RequestTimeout):
+            installed(signal.SIGUSR1, None)
+    finally:
+        profkit.shutdown(5)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _root_call(entry: str) -> None:
+    if entry == "sync":
+        predict()
+        return
+    with profkit.region("handler"):
+        pass
+
+
+@pytest.mark.usefixtures("handler")
+@pytest.mark.parametrize("entry", ["sync", "region"])
+def test_a_timeout_right_after_the_window_opened_does_not_hold_it_open(
+    monkeypatch: pytest.MonkeyPatch, entry: str
+) -> None:
+    """The exception lands after the call joined its new window, before the scope got its
+    record: the call is ended there (not left holding the window until max_window_s), and
+    counted once."""
+    from profkit._capture.keeper import WindowKeeper
+    from profkit._capture.slot import SLOT
+
+    _configure(max_window_s=600.0)
+    original = WindowKeeper.open
+    hit = []
+
+    def opened(self: WindowKeeper, *args: Any, **kwargs: Any) -> Any:
+        call = original(self, *args, **kwargs)
+        if not hit:
+            hit.append(call)
+            _signal_arrives()
+        return call
+
+    monkeypatch.setattr(WindowKeeper, "open", opened)
+    with pytest.raises(RequestTimeout):
+        _root_call(entry)
+    assert SLOT.held is None  # the window closed with its call
+    monkeypatch.undo()
+    assert 64.0 == predict()
+    profkit.force_flush(10)
+    s = profkit.stats()
+    assert 2 == s["sampled"] == _outcomes(s), s
+    assert not torch.autograd.profiler._is_profiler_enabled
