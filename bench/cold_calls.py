@@ -52,6 +52,7 @@ def child(kind: str, calls: int) -> list[float]:
     import torch
 
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # a shared machine's timings: one core's, not the scheduler's
     if kind == "fastapi":
         return _fastapi(calls)
     if kind == "conv":
