@@ -12,7 +12,11 @@ worker and the exporters) per call, the worker flushed inside the round:
 * ``capture_slow on, max_overhead=0.02``: the same, within a 2% CPU budget.
 
 Each variant's row says what share of the slow calls was exported with policy "slow"
-(recall) and what share of those exported were slow ones (precision).
+(recall) and what share of those exported were slow ones (precision). A second table
+(``bench/slow_recall.py``) measures recall and precision on four workloads (bimodal sleep,
+input-size-dependent compute, gradual drift, 1-in-40 rare slow calls), with the label's p95
+and with an explicit ``slow_ms``, with no budget and at ``max_overhead=0.02``, on one
+thread, 8 pool threads and 32 asyncio tasks.
 
     .venv/bin/python bench/slow.py [--quick] [--json]
 """
@@ -23,6 +27,7 @@ import random
 import time
 from typing import Any
 
+import slow_recall
 import torch
 from _util import emit, fmt_spread, machine, parse_args, seeded_mlp, spread
 
@@ -115,6 +120,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "rounds": rounds,
         "calls": calls,
         "rows": rows,
+        "recall": slow_recall.measure(quick),
     }
 
 
@@ -132,6 +138,12 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['windows']} | {r['speculative']} / {r['released']} "
             f"| {r['slow_calls']} / {r['kept']} | {r['recall']:.2f} | {r['precision']:.2f} |"
         )
+    if result.get("recall"):
+        lines += [
+            "",
+            "recall and precision on four workloads (bench/slow_recall.py):",
+            slow_recall.render(result["recall"]),
+        ]
     return "\n".join(lines)
 
 

@@ -82,12 +82,18 @@ class Config:
     """Master switch. When false, decorated code runs unprofiled and nothing is counted."""
 
     sample_every: int | None = field(default=None, metadata=int_in(1, MAX_COUNT, none=True))
-    """Profile one root call in N (counter-based, exact). Default 100 when no rate is given."""
+    """Profile one root call in N of each label (counted per label, exact). Default 100 when no
+    rate is given."""
 
     sample_rate: float | None = field(
         default=None, metadata=number_in(0, 1, closed=True, none=True)
     )
     """Profile this fraction of root calls, consistent with the active OTel trace id."""
+
+    cold_calls: int = field(default=3, metadata=int_in(0, 1_000_000))
+    """The first root calls of each label in a session that the sampler never chooses (cold:
+    kernel selection, allocator, compile); 0 turns it off. Not applied when every call is
+    profiled (``sample_every=1``, ``sample_rate=1.0``)."""
 
     max_per_minute: float | None = field(default=60.0, metadata=number_in(0, 1e6, none=True))
     """Cap on profiler windows opened per minute (token bucket, bursts up to the same number);

@@ -69,6 +69,7 @@ def configure(
     enabled: bool | _Unset = UNSET,
     sample_every: int | _Unset | None = UNSET,
     sample_rate: float | _Unset | None = UNSET,
+    cold_calls: int | _Unset = UNSET,
     max_per_minute: float | _Unset | None = UNSET,
     max_overhead: float | _Unset | None = UNSET,
     capture_slow: bool | _Unset = UNSET,

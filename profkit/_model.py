@@ -208,6 +208,9 @@ class CallSummary:
     unsampled_p50_ms: float | None = None
     """With ``capture_slow``: the label's recent median in ms over calls that ran without the
     profiler, beside this call's own duration (how much the profiler inflated it)."""
+    cold: bool = False
+    """Profiled (trigger, baggage) while its label was cold: one of the label's first
+    ``cold_calls`` root calls, slower than its warm calls (the report leaves it out)."""
     trace_id: str = ""
     """Hex trace id of the call's span once the span step recorded it (else empty)."""
     span_id: str = ""

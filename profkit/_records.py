@@ -120,10 +120,16 @@ class CallRecord:
     """A speculative call found slow: the threshold its duration beat (``capture_slow``)."""
     unsampled_p50_ms: float | None = None
     """The label's recent unprofiled median when the call ended (``capture_slow``)."""
+    entered_ns: int = 0
+    """When the root's ``record_function`` range had started (``time_ns``; 0: none): the
+    judge times a speculative call from here, after the stall a profiler start may cause."""
     worker_busy_ns: int = 0
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
     sampler: str = ""
     """The sampler's description, for policy ``SAMPLER``."""
+    cold: bool = False
+    """Profiled (a trigger, baggage, a window's later call) while its label was still cold:
+    one of its first ``cold_calls`` root calls, which the sampler never chooses."""
     counted: int = 0
     """Which steps of its accounting are done (``profkit._stats.JOINED``, ...): each is
     counted once, however often an interrupted step is retried."""

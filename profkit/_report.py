@@ -97,11 +97,15 @@ def percentile(values: Iterable[float], p: float) -> float:
     return ordered[rank - 1]
 
 
-def rollup(samples: Iterable[Sample], top: int = TOP_OPS) -> list[LabelRollup]:
-    """One rollup per label, labels with the most samples first (then by name)."""
+def rollup(
+    samples: Iterable[Sample], top: int = TOP_OPS, *, include_cold: bool = False
+) -> list[LabelRollup]:
+    """One rollup per label, labels with the most samples first (then by name); cold samples
+    (a label's first calls, profiled by a trigger or baggage) only with ``include_cold``."""
     groups: dict[str, list[Sample]] = collections.defaultdict(list)
     for sample in samples:
-        groups[sample.label].append(sample)
+        if include_cold or not sample.cold:
+            groups[sample.label].append(sample)
     out = [_label_rollup(label, group, top) for label, group in groups.items()]
     return sorted(out, key=lambda r: (-r.samples, r.label))
 
@@ -205,6 +209,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top", type=int, default=TOP_OPS, help=f"ops per label ({TOP_OPS})")
     parser.add_argument("--json", action="store_true", help="the rollup as JSON")
+    parser.add_argument(
+        "--include-cold",
+        action="store_true",
+        help='count cold samples too (a label\'s first calls, marked "cold": true)',
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     """
     unreadable: list[str] = []
     samples, skipped = read(lines(expand(args.files), unreadable))
-    rollups = rollup(samples, top=max(1, args.top))
+    rollups = rollup(samples, top=max(1, args.top), include_cold=args.include_cold)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
     else:

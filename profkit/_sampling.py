@@ -1,25 +1,30 @@
 """Samplers: pure decisions over a counter, a trace id, an injected RNG or an injected clock.
 
-Each sampler answers one question for one root call, ``decide(trace_id) -> bool``. They hold
-no locks: the counter is an ``itertools.count`` (atomic under the GIL), the rate cap a small
-token bucket whose rare races can only err towards fewer windows.
+A sampler answers for each label's root calls in turn (``picks()``: one iterator per label,
+see :class:`LabelPicks`) and, under a ratio, from the trace id (``decide(trace_id)``). They
+hold no locks: a label's answers are C iterators (``next()`` is atomic under the GIL), the
+rate cap a small token bucket whose rare races can only err towards fewer windows.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
+import operator
 import random
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeAlias
 
 from ._compat import peek_count
 
 __all__ = [
+    "ASK",
+    "COLD",
+    "MAX_LABELS",
     "MAX_PENDING",
     "EveryN",
+    "LabelPicks",
     "RateLimiter",
     "Sampler",
     "TraceIdRatio",
@@ -35,43 +40,104 @@ MAX_PENDING = 1000
 
 
 class Sampler(Protocol):
-    """Decides whether one root call is profiled."""
+    """Decides whether one root call is profiled: per label (``picks``), then, for a
+    label's :data:`ASK`, from the trace id (``decide``)."""
 
     description: str
+    cold: int
+
+    def picks(self) -> Picks:
+        """A new label's answers, one per root call (see :class:`LabelPicks`)."""
+        ...
 
     def decide(self, trace_id: int | None) -> bool:
         """True to profile this root call; ``trace_id`` is the active OTel trace id or None."""
         ...
 
 
-#: largest N whose decisions :class:`EveryN` precomputes (one pointer per call of the cycle)
-_CYCLE_MAX = 4096
+#: labels whose root calls each sampler counts apart (and keeps cold apart); a label first
+#: seen past them shares one counter with the others past them (``sampler_shared_calls``)
+MAX_LABELS = 1024
+#: largest N whose answers :class:`EveryN` keeps in a cycle (one pointer per call, per label)
+_CYCLE_MAX = 256
+
+
+class _Mark:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<profkit {self.name}>"
+
+
+#: a label's answer for one of its first ``cold_calls`` root calls: never the sampler's pick
+COLD: Any = _Mark("cold")
+#: a label's answer once warm under a ratio: the trace id (or the RNG) decides
+ASK: Any = _Mark("ask")
+
+Picks: TypeAlias = Iterator[Any]
+
+
+class LabelPicks:
+    """Each label's answers for its next root calls: ``True`` (the sampler picks it),
+    ``False``, :data:`COLD` or :data:`ASK`, one iterator per label.
+
+    The hot path is ``next(picks.by_label.get(label) or picks.first(label))``: one dict
+    lookup and one ``next()`` (C calls, no Python frame) once a label is known. At most
+    ``max_labels`` labels get their own iterator; a label first seen past them shares one
+    (it costs ``first()``'s frame on each of its calls, counted in ``shared_calls``), so
+    labels built from user input (ids in a path) cannot grow the table without bound.
+    """
+
+    def __init__(self, make: Callable[[], Picks], max_labels: int = MAX_LABELS) -> None:
+        self.by_label: dict[str, Picks] = {}
+        self._make = make
+        self._max = max_labels
+        self._shared = make()
+        #: root calls of labels past ``max_labels``, lock-free
+        self.shared_calls = itertools.count()
+
+    def first(self, label: str) -> Picks:
+        """The iterator of a label not in ``by_label``: its own, or past the cap the shared one."""
+        by_label = self.by_label
+        if len(by_label) >= self._max:
+            next(self.shared_calls)
+            return self._shared
+        return by_label.setdefault(label, self._make())
 
 
 class EveryN:
-    """Profile calls 0, N, 2N, ... of this sampler: exactly ``ceil(calls / N)`` samples.
+    """Profile calls K, K+N, K+2N, ... of each label (K: ``cold``): exactly
+    ``ceil((calls - K) / N)`` samples of a label's ``calls`` root calls.
 
-    ``decide`` runs on every off-sample call. For N up to 4096 it is ``next()`` on a cycle of
-    N precomputed answers, a C call with no Python frame (``next(it, default)`` ignores the
-    trace id); a larger N counts in Python.
+    Counting per label keeps periodic traffic from aliasing with N (two labels in strict
+    alternation at N=10 would otherwise give one label every sample and the other none).
+    A label's iterator yields :data:`COLD` ``cold`` times, then ``True`` once in N: a cycle
+    of N answers for N up to 256, else ``not (i % N)`` over a count (both C iterators).
+    ``cold`` is ignored at N=1 (profile every call).
     """
 
-    decide: Callable[[int | None], bool]
-
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, cold: int = 0) -> None:
         if n < 1:
             raise ValueError(f"EveryN needs n >= 1, got {n}")
         self.n = n
+        self.cold = cold if n > 1 else 0
         self.description = f"every:{n}"
-        self._counter = itertools.count()
-        if n <= _CYCLE_MAX:
-            answers = itertools.cycle([True] + [False] * (n - 1))
-            self.decide = functools.partial(next, answers)
-        else:
-            self.decide = self._decide_counted
 
-    def _decide_counted(self, trace_id: int | None) -> bool:
-        return next(self._counter) % self.n == 0
+    def picks(self) -> Picks:
+        """A new label's answers, one per root call."""
+        n = self.n
+        if n <= _CYCLE_MAX:
+            warm: Picks = itertools.cycle([True] + [False] * (n - 1))
+        else:
+            warm = map(operator.not_, map(operator.mod, itertools.count(), itertools.repeat(n)))
+        return itertools.chain(itertools.repeat(COLD, self.cold), warm) if self.cold else warm
+
+    def decide(self, trace_id: int | None) -> bool:
+        """Unused by :class:`EveryN` (its answers are in :meth:`picks`): never picks."""
+        return False
 
 
 def trace_id_bound(rate: float) -> int:
@@ -87,13 +153,19 @@ class TraceIdRatio:
     services it crosses. Without one, an injectable RNG decides.
     """
 
-    def __init__(self, rate: float, rng: Callable[[], float] | None = None) -> None:
+    def __init__(self, rate: float, rng: Callable[[], float] | None = None, cold: int = 0) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"TraceIdRatio needs 0 <= rate <= 1, got {rate}")
         self.rate = rate
+        self.cold = cold if rate < 1.0 else 0
         self.description = f"ratio:{rate:g}"
         self._bound = trace_id_bound(rate)
         self._rng = rng if rng is not None else random.Random().random
+
+    def picks(self) -> Picks:
+        """A new label's answers: :data:`COLD` for its first ``cold`` calls, then :data:`ASK`
+        (``decide`` then answers from the trace id)."""
+        return itertools.chain(itertools.repeat(COLD, self.cold), itertools.repeat(ASK))
 
     def decide(self, trace_id: int | None) -> bool:
         if trace_id:

@@ -73,6 +73,7 @@ class Session(Decider):
         )
         #: ``timed(label, t0)``: an unprofiled root call that was timed has ended
         self.timed: Any = self._book.note_since if self._book is not None else None
+        self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
         if self.metrics is not None:
             self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)

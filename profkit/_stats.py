@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 from ._compat import peek_count
@@ -55,12 +56,19 @@ class StatsSnapshot(TypedDict):
     ``sampled`` (policy "slow"), the others ``speculative_released`` (part of unsampled)."""
     speculative_released: int
     """Speculative calls not slow: released unread, nothing summarised (part of unsampled)."""
+    shared_label_calls: int
+    """Root calls of labels first seen after the sampler counted 1024 labels apart: those
+    share one 1-in-N counter (and one cold count); nonzero means labels carry ids."""
     windows: int
     """Profiler windows opened (one window records ``window`` root calls, after ``warmup``)."""
     errors: int
     """profkit's internal errors (counted, logged once per reason, never raised)."""
     otlp_spans_failed: int
     """Spans in OTLP batches that failed (reported by ``profkit.exporters.otlp``)."""
+    slow_calls: dict[str, dict[str, int]]
+    """capture_slow, per label: ``{"seen": n, "kept": k}``, the slow calls seen (timed
+    unprofiled over the label's threshold, plus those kept) and kept under the profiler;
+    ``kept / seen`` is the label's recall. Empty when capture_slow is off."""
     batch_members_unsampled: int
     """Members of profiled batches that got no member span: their trace was not sampled (or
     they had no span when ``batch_member()`` was called)."""
@@ -86,6 +94,10 @@ class Stats:
         #: sampled decisions the gate turned away, by reason, lock-free (at sample_every=1
         #: over the budget, that is every call)
         self.refused = {name: itertools.count() for name in _REFUSED}
+        #: root calls of labels past the sampler's per-label cap (the decision's counter)
+        self.shared_label_calls = itertools.count()
+        #: capture_slow: the latency book's per-label slow calls seen and kept
+        self.slow_calls: Callable[[], dict[str, dict[str, int]]] | None = None
         # defaultdicts, not Counters: a missing key runs no Python code (a Counter's
         # ``__missing__`` is a Python method, a point where a signal's exception can land)
         self._counts: defaultdict[str, int] = defaultdict(int)
@@ -106,7 +118,9 @@ class Stats:
 
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters (and lock); the parent keeps its own."""
+        slow_calls = self.slow_calls
         Stats.__init__(self)
+        self.slow_calls = slow_calls
 
     @property
     def root_calls(self) -> int:
@@ -201,9 +215,11 @@ class Stats:
             warmup_calls=warmup,
             speculative=counts.get("speculative", 0),
             speculative_released=counts.get("speculative_released", 0),
+            shared_label_calls=peek_count(self.shared_label_calls),
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),
+            slow_calls=self.slow_calls() if self.slow_calls is not None else {},
             batch_members_unsampled=counts.get("batch_members_unsampled", 0),
             batch_members_invalid=counts.get("batch_members_invalid", 0),
             batch_weights_invalid=counts.get("batch_weights_invalid", 0),

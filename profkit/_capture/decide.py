@@ -13,13 +13,21 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    would cut the window short).
 2. A call in a trace that was not sampled: ``skipped_unsampled_trace`` (its spans would never
    be exported), before anything below is spent.
+
+   Then the label's own answer for this call is read (``sample_every`` and ``cold_calls``
+   count each label's root calls, :class:`profkit._sampling.LabelPicks`): picked, not, or
+   *cold* (one of the label's first ``cold_calls``; none at ``sample_every=1`` or
+   ``sample_rate=1.0``).
 3. A pending ``trigger()`` (or trigger signal), while no window holds the slot and the queue
-   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot.
-4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE``; else the sampler picks
-   it: ``SAMPLER``. Either must then pass, in order: the export queue has room
-   (``skipped_backlog``), the CPU budget (``skipped_budget``), the slot is free
-   (``skipped_busy``), nobody else's profiler runs or starts (``skipped_foreign``), the rate
-   cap has a token (``skipped_rate_limit``).
+   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot. A cold
+   call is marked so (``CallRecord.cold``: ``profkit.cold=true``).
+4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE`` (cold ones marked); else
+   the label's answer picks it (never a cold call): ``SAMPLER``. Either must then pass, in
+   order: the export queue has room (``skipped_backlog``), the CPU budget
+   (``skipped_budget``), the slot is free (``skipped_busy``), nobody else's profiler runs
+   or starts (``skipped_foreign``), the rate cap has a token (``skipped_rate_limit``).
+   A cold call nobody asked for stops here: ``OFF`` (neither timed nor speculative: it is
+   not the label's baseline).
 5. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
    the same gates allow (refusals are not counted: nothing was sampled), else the call is
    ``TIMED``.
@@ -41,7 +49,7 @@ from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
 from .._config import Config
 from .._export.pipeline import ExportPipeline
 from .._records import CallRecord, Policy
-from .._sampling import EveryN, Sampler, TraceIdRatio, Triggered
+from .._sampling import ASK, COLD, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
 from .keeper import WindowKeeper, held_here
@@ -84,8 +92,8 @@ def asks_to_profile(ctx: Any) -> bool:
 
 def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
-        return TraceIdRatio(config.sample_rate)
-    return EveryN(config.every or 100)
+        return TraceIdRatio(config.sample_rate, cold=config.cold_calls)
+    return EveryN(config.every or 100, cold=config.cold_calls)
 
 
 class Decider:
@@ -106,9 +114,12 @@ class Decider:
         self._keeper = keeper
         self.triggered = triggered
         self._sampler = make_sampler(config)
+        #: each label's answers (``sample_every`` and ``cold_calls`` count per label)
+        self.picks = LabelPicks(self._sampler.picks)
+        stats.shared_label_calls = self.picks.shared_calls
         #: read on every root call: one attribute each, not two
         self._roots, self._sample = stats.roots, self._sampler.decide
-        self._ratio = config.sample_rate is not None
+        self._by_label, self._first = self.picks.by_label, self.picks.first
         self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
         self._book = book
         self._speculation = speculation
@@ -131,30 +142,40 @@ class Decider:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._stats.unsampled_traces)  # lock-free, like the root count
             return OFF
+        # the label's answer for this call (its own 1 in N, or cold): a dict lookup, a next()
+        pick = next(self._by_label.get(label) or self._first(label))
         if self.triggered.pending:
-            call = self._triggered(label, parent)
+            call = self._triggered(label, parent, pick is COLD)
             if call is not None:
                 return (PROFILED, call)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
-            return self._open(Policy.BAGGAGE, parent)
-        trace_id = parent.trace_id if self._ratio and parent and parent.is_valid else None
-        if self._sample(trace_id):
+            return self._open(Policy.BAGGAGE, parent, pick is COLD)
+        if pick is True:
             return self._open(Policy.SAMPLER, parent)
+        if pick is ASK:
+            if self._sample(parent.trace_id if parent and parent.is_valid else None):
+                return self._open(Policy.SAMPLER, parent)
+        elif pick is COLD:  # neither timed nor speculative: not the label's baseline
+            return OFF
         if self._book is None or not speculate:
             return OFF
         return self._speculate(label, parent)
 
-    def _triggered(self, label: str, parent: SpanContext | None) -> CallRecord | None:
+    def _triggered(self, label: str, parent: SpanContext | None, cold: bool) -> CallRecord | None:
         """A pending trigger for ``label``: a window, while the slot is free and the queue has
         room (a closure here, not in ``decide``: its cells would cost every root call)."""
         trig = self.triggered
         if not trig.applies(label) or SLOT.claimed or self._pipeline.full():
             return None
-        return self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
+        call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
+        if call is not None:
+            call.cold = cold
+        return call
 
     def refresh_after_fork(self) -> None:
         """The counters were made anew (a forked child): count into the new ones."""
         self._roots = self._stats.roots
+        self._stats.shared_label_calls = self.picks.shared_calls
 
     def _join(
         self, win: Any, label: str, parent: SpanContext | None, otel: Any, speculate: bool
@@ -164,10 +185,11 @@ class Decider:
             next(self._stats.unsampled_traces)
             return OFF
         keeper = self._keeper
-        if not win.speculative:
+        if not win.speculative:  # the window's later calls: not the sampler's, not counted
             return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
+        cold = next(self._by_label.get(label) or self._first(label)) is COLD
         if self.triggered.take(label):
-            return (PROFILED, keeper.join(win, Policy.TRIGGER, parent))
+            return self._joined(keeper.join(win, Policy.TRIGGER, parent), cold)
         if self._baggage and otel and asks_to_profile(otel):
             refused = self._refused() or (
                 None if keeper.spend_rate_token() else "skipped_rate_limit"
@@ -175,19 +197,27 @@ class Decider:
             if refused is not None:
                 next(self._stats.refused[refused])
                 return OFF  # recorded by the window's profiler all the same, never read
-            return (PROFILED, keeper.join(win, Policy.BAGGAGE, parent))
-        if not speculate:  # a generator: its first yield would cut the window short
-            return OFF
+            return self._joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
+        if not speculate or cold:  # a generator: its first yield would cut the window short;
+            return OFF  # a cold call is not judged against the label's warm calls
         return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
 
-    def _open(self, policy: Policy, parent: SpanContext | None) -> Decision:
+    @staticmethod
+    def _joined(call: CallRecord, cold: bool) -> Decision:
+        call.cold = cold
+        return (PROFILED, call)
+
+    def _open(self, policy: Policy, parent: SpanContext | None, cold: bool = False) -> Decision:
         """A sampled (or baggage-asked) call: the gates, then a window of its own."""
         refused = self._refused()
         if refused is not None:
             next(self._stats.refused[refused])
             return OFF
         call = self._keeper.open(policy, parent, sampler=self._sampler.description)
-        return OFF if call is None else (PROFILED, call)
+        if call is None:
+            return OFF
+        call.cold = cold
+        return (PROFILED, call)
 
     def open_asked(self) -> Decision:
         """A root call :meth:`decide` left unsampled that must run profiled all the same:
@@ -227,7 +257,7 @@ class Decider:
             return OFF
         if spec.rest:
             spec.rest -= 1
-        elif SLOT.held is None and spec.want(label, self._refused() is None):
+        elif SLOT.held is None and spec.want(label, self._refused):
             call = self._keeper.open(Policy.SPECULATIVE, parent, speculative=spec.calls)
             if call is not None:
                 return (PROFILED, call)

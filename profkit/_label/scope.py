@@ -117,6 +117,8 @@ def _open(
         rf = record_function(label)
         rf.__enter__()  # type: ignore[no-untyped-call]
         record.rf = rf
+        if parent is None:  # the root's range has started (a profiler's start stalls there)
+            call.entered_ns = time.time_ns()
     except RecursionError:  # no stack left for the range here: the scope stays Python-timed
         pass
     except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope

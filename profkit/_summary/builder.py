@@ -320,6 +320,7 @@ def _build_call(
         truncated=call.truncated,
         slow_threshold_ms=call.slow_threshold_ms,
         unsampled_p50_ms=call.unsampled_p50_ms,
+        cold=call.cold,
         device_active=device_active,
         compile_us=compile_us,
         compiled_labels=compiled_labels(per_scope[0], limit),

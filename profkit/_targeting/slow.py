@@ -1,16 +1,18 @@
 """Slow-call capture (``capture_slow``): time root calls per label, profile some speculatively.
 
 Pure bookkeeping, no torch. :class:`LatencyBook` keeps the durations of each label's recent
-unprofiled root calls (a ring of the last 256, per label, for at most 256 labels) and says
-what "slow" means for a label: ``slow_ms`` when given, else the label's recent p95, kept
-between 2x and 4x its recent median. The clamp is what makes the rule work on real
-traffic: when the slow calls are more than 5% of a label's calls the p95 is one of them (4x
-the median still catches them), and when they are fewer the p95 is the top of the fast calls,
-which the profiler's own per-op recording pushes a profiled fast call past (2x the median
-does not). :class:`Speculation` decides when a speculative window may open: never before the
-label has a baseline, and only after some unprofiled calls since the last one (so the book
-keeps learning from calls the profiler did not slow down), within its own rate cap and the
-overhead budget.
+unprofiled root calls (a ring of the last 256, per label, for the 256 labels seen most
+recently) and says what "slow" means for a label, in unprofiled time: ``slow_ms`` when
+given, else the label's recent p95, kept between 2x and 4x its recent median. The clamp is
+what makes the rule work on real traffic: when the slow calls are more than 5% of a label's
+calls the p95 is one of them (4x the median still catches them), and when they are fewer
+the p95 is the top of the fast calls (2x the median keeps a fast call out). A speculative
+call is brought to the unprofiled scale before it is compared: what the profiler added to
+it (the label's measured cost of a speculative window: start, stop, recording) is taken
+off, not divided out. :class:`Speculation` decides when a speculative window may open:
+never before the label has a baseline, and only after some unprofiled calls since the last
+one (about one call in twelve, so the book keeps learning from calls the profiler did not
+slow down), within its own rate cap and the overhead budget.
 
 While this is on, the decision for an unprofiled root call is ``(TIMED, start)`` with its
 ``perf_counter_ns()`` start; the scope hands it back with the label when the call ends
@@ -19,43 +21,54 @@ While this is on, the decision for an unprofiled root call is ``(TIMED, start)``
 
 from __future__ import annotations
 
-import itertools
+import collections
+import random
 import time
 from collections.abc import Callable
+
+from .._text import escape
 
 __all__ = ["LatencyBook", "Speculation", "Timed"]
 
 _RING = 256
-_MAX_LABELS = 256
+#: labels the book keeps; the one seen least recently is forgotten for a new one
+MAX_LABELS = 256
 #: unprofiled durations a label needs before its calls are judged
 _MIN_SAMPLES = 8
 #: new durations after which a label's quantiles are computed again
 _REFRESH = 16
 _LOW, _HIGH = 2.0, 4.0
+#: a call less than this over its label's median is never slow by the p95 rule: a
+#: scheduler's time slice (a busy machine holds up a fast call for about that long)
+_JITTER_NS = 1_000_000
 #: the latest calls whose median also bounds the threshold from below
 _RECENT = 8
-#: speculative durations kept per label (the profiler's inflation is their median's)
+#: speculative durations kept per label (what the profiler adds is their median's excess)
 _PROFILED = 64
 #: most root calls a speculative window records (fewer when its stops get expensive)
 MAX_CALLS = 16
 #: unprofiled root calls before speculation is asked again, after it could not open
 _RETRY = 16
-#: multiples of the rest between speculative windows, in turn
-_RESTS = (1, 0, 2)
+#: share of root calls that run unprofiled between speculative windows (the baseline's)
+_UNPROFILED = 1 / 12
 #: a speculative window's stop (on the request thread) above this halves the next one's calls
 _STOP_HIGH_S, _STOP_LOW_S = 0.002, 0.0005
 
 
 class _Label:
-    __slots__ = ("fresh", "n", "p50", "p95", "profiled", "ring")
+    __slots__ = ("fresh", "kept", "limit", "missed", "n", "p50", "p95", "profiled", "ring")
 
     def __init__(self) -> None:
         self.ring: list[int] = []
         self.n = 0  # durations noted, ever
         self.fresh = 0  # noted since the quantiles were computed
         self.p50 = self.p95 = 0
+        #: the slow threshold (unprofiled ns) as of the last refresh (0: none yet)
+        self.limit = 0
         #: the latest speculative (profiled) durations, newest last
         self.profiled: list[int] = []
+        #: slow calls timed unprofiled (missed), and kept under the profiler
+        self.missed = self.kept = 0
 
     def last(self, k: int) -> int:
         """The median of the latest ``k`` unprofiled durations."""
@@ -68,11 +81,16 @@ def _median(values: list[int]) -> int:
 
 
 class LatencyBook:
-    """Recent unprofiled durations per label, and the slow threshold they give."""
+    """Recent unprofiled durations per label, and the slow threshold they give.
+
+    A label is its escaped text (:func:`profkit._text.escape`), whoever asks: the scope's
+    raw label and a call's recorded one are the same key. At most :data:`MAX_LABELS`
+    labels are kept; a new one past them forgets the label seen least recently.
+    """
 
     def __init__(self, slow_ms: float | None) -> None:
         self.slow_ns = int(slow_ms * 1e6) if slow_ms is not None else None
-        self._labels: dict[str, _Label] = {}
+        self._labels: collections.OrderedDict[str, _Label] = collections.OrderedDict()
 
     def note_since(self, label: str, t0: int) -> None:
         """An unprofiled root call of ``label`` began at ``t0`` (``perf_counter_ns``)."""
@@ -80,80 +98,121 @@ class LatencyBook:
 
     def note(self, label: str, ns: int) -> None:
         """An unprofiled root call of ``label`` took ``ns`` (lock-free: races lose a sample)."""
-        entry = self._labels.get(label)
+        label = escape(label)
+        labels = self._labels
+        entry = labels.get(label)
         if entry is None:
-            if len(self._labels) >= _MAX_LABELS:
+            entry = labels.setdefault(label, _Label())
+            while len(labels) > MAX_LABELS:
+                try:
+                    labels.popitem(last=False)
+                except KeyError:  # another thread emptied it meanwhile
+                    break
+        else:
+            try:
+                labels.move_to_end(label)
+            except KeyError:  # forgotten by another thread meanwhile: this sample is lost
                 return
-            entry = self._labels.setdefault(label, _Label())
         if len(entry.ring) < _RING:
             entry.ring.append(ns)
         else:
             entry.ring[entry.n % _RING] = ns
         entry.n += 1
         entry.fresh += 1
+        if entry.fresh >= _REFRESH or 2 * entry.fresh >= entry.n:
+            self._quantiles(label)
+        if entry.limit and ns > entry.limit:
+            entry.missed += 1  # a slow call that ran unprofiled
 
     def ready(self, label: str) -> bool:
-        """Whether calls of ``label`` can be judged yet."""
-        if self.slow_ns is not None:
-            return True
-        entry = self._labels.get(label)
+        """Whether speculative windows may record ``label``'s calls: once its unprofiled
+        baseline is known (``slow_ms`` too: what the profiler adds is measured against it)."""
+        entry = self._labels.get(escape(label))
         return entry is not None and entry.n >= _MIN_SAMPLES
 
     def _quantiles(self, label: str) -> _Label | None:
         entry = self._labels.get(label)
         if entry is None or not entry.ring:
             return None
-        if entry.fresh >= _REFRESH or not entry.p50:
+        if entry.fresh >= _REFRESH or 2 * entry.fresh >= entry.n or not entry.p50:
             ring = sorted(entry.ring)
             entry.p50 = ring[len(ring) // 2]
             entry.p95 = ring[min(len(ring) - 1, (len(ring) * 95) // 100)]
             entry.fresh = 0
+            if entry.n >= _MIN_SAMPLES:
+                entry.limit = self._limit(entry)
         return entry
+
+    def _limit(self, entry: _Label) -> int:
+        """The label's slow threshold in unprofiled ns: ``slow_ms``, else its recent p95 kept
+        between 2x and 4x its median, at least twice the median of its latest calls, and at
+        least 1 ms over its median."""
+        if self.slow_ns is not None:
+            return self.slow_ns
+        base = min(max(entry.p95, _LOW * entry.p50), _HIGH * entry.p50)
+        return int(max(base, _LOW * entry.last(_RECENT), entry.p50 + _JITTER_NS))
 
     def p50_ms(self, label: str) -> float | None:
         """The label's recent unprofiled median, in ms (None: no calls noted yet)."""
-        entry = self._quantiles(label)
+        entry = self._quantiles(escape(label))
         return entry.p50 / 1e6 if entry is not None else None
 
-    def inflation_ns(self, label: str) -> int:
-        """What the profiler adds to one call of ``label``: the median speculative (profiled)
-        call less the median unprofiled one (0 until 8 speculative calls are known)."""
-        entry = self._labels.get(label)
+    def overhead_ns(self, label: str) -> int | None:
+        """What a speculative window adds to one call of ``label``, measured: the median
+        speculative call less the median unprofiled one (a median: up to half of a label's
+        calls may be slow); None until 8 are known."""
+        entry = self._labels.get(escape(label))
         if entry is None or len(entry.profiled) < _RECENT or not entry.p50:
-            return 0
+            return None
         return max(0, _median(entry.profiled) - entry.p50)
 
+    def inflation_ns(self, label: str) -> int:
+        """:meth:`overhead_ns`, 0 while unknown (the CPU a released call's recording cost)."""
+        return self.overhead_ns(label) or 0
+
     def judge(self, label: str, ns: int) -> int | None:
-        """A speculative call of ``label`` took ``ns`` under the profiler: the threshold (ns,
-        on the profiled scale) it beat when it is slow, else None.
+        """A speculative call of ``label`` took ``ns`` under the profiler: the threshold
+        (unprofiled ns) it beat when slow, else None.
 
-        With ``slow_ms`` that is the threshold. Otherwise it is the label's recent p95 of
-        unprofiled calls, kept between 2x and 4x their median, then
-
-        * times the profiler's own inflation of this label's calls (the median profiled
-          speculative call over the median unprofiled one, at least 1): a profiled call is
-          compared with what it would have taken unprofiled;
-        * and at least twice the median of the label's latest speculative calls and of its
-          latest unprofiled ones (inflated likewise): when the whole process slows down (a
-          burst of load, another process on its cores, a garbage collection) every call
-          slows down, and a call only as slow as its neighbours is not kept.
+        What the profiler added to this call is taken off first: the label's measured cost
+        of a speculative window (:meth:`overhead_ns`: the window's start and stop, which a
+        lone call pays in full, and its recording per op). Until that is known (8
+        speculative calls), no call is kept: a profiled call is not compared with unprofiled
+        ones before it can be brought to their scale. The rest is compared with ``slow_ms``
+        as given, else with the label's threshold (:meth:`_limit`) and twice the median of
+        its latest speculative calls (on the same scale): when the whole process slows down
+        (a burst of load, a garbage collection) every call slows down, and a call only as
+        slow as its neighbours is not kept.
         """
-        if self.slow_ns is not None:
-            return self.slow_ns if ns > self.slow_ns else None
-        entry = self._quantiles(label)
-        if entry is None or entry.n < _MIN_SAMPLES:
-            return None
+        label = escape(label)
+        entry = self._labels.get(label)
+        if entry is None:  # (slow_ms: judged before any call of the label was timed)
+            entry = self._labels.setdefault(label, _Label())
+        self._quantiles(label)
+        added = self.overhead_ns(label)
         profiled = entry.profiled
         neighbours = _median(profiled[-_RECENT:]) if len(profiled) >= _RECENT else 0
-        median = _median(profiled) if len(profiled) >= _RECENT else 0
-        inflation = max(1.0, median / max(1, entry.p50))
         profiled.append(ns)
         if len(profiled) > _PROFILED:
             del profiled[0]
-        base = min(max(entry.p95, _LOW * entry.p50), _HIGH * entry.p50)
-        limit = int(max(base, _LOW * entry.last(_RECENT)) * inflation)
-        limit = max(limit, int(_LOW * neighbours))
-        return limit if ns > limit else None
+        if added is None or entry.n < _MIN_SAMPLES:
+            return None
+        limit = entry.limit or self._limit(entry)
+        if self.slow_ns is None:
+            limit = max(limit, int(_LOW * max(0, neighbours - added)))
+        if ns - added > limit:
+            entry.kept += 1
+            return limit
+        return None
+
+    def slow_calls(self) -> dict[str, dict[str, int]]:
+        """Per label: slow calls seen (timed unprofiled over the threshold, plus kept) and
+        kept under the profiler, so that ``kept / seen`` reads as recall."""
+        out: dict[str, dict[str, int]] = {}
+        for label, entry in list(self._labels.items()):
+            if entry.missed or entry.kept:
+                out[label] = {"seen": entry.missed + entry.kept, "kept": entry.kept}
+        return out
 
 
 class Speculation:
@@ -161,16 +220,20 @@ class Speculation:
 
     def __init__(self, book: LatencyBook) -> None:
         self.book = book
-        self._rests = itertools.cycle(_RESTS)
+        self._rng = random.Random(0x5EC)
         #: calls the next speculative window may record (adapted to what stopping costs)
         self.calls = MAX_CALLS
         #: unprofiled root calls to let through before the next try (read on every one)
         self.rest = 0
 
-    def want(self, label: str, allowed: bool) -> bool:
+    def want(self, label: str, refused: Callable[[], str | None]) -> bool:
         """For an unprofiled root call whose ``rest`` is over: open a speculative window?
-        (``allowed``: the queue has room and profkit is within its budget.)"""
-        if not self.book.ready(label) or not allowed:
+        Not before the label has a baseline (the next call asks again: another label's may
+        be ready), nor while ``refused()`` names a reason (the queue is full, profkit is
+        over its budget: asked again after some calls)."""
+        if not self.book.ready(label):
+            return False
+        if refused() is not None:
             self.rest = _RETRY
             return False
         return True
@@ -181,12 +244,14 @@ class Speculation:
 
     def closed(self, calls: int, stop_s: float) -> None:
         """A speculative window of ``calls`` calls stopped in ``stop_s`` s (request thread)."""
-        # unprofiled calls in between keep the book learning: a quarter of the window on
-        # average, varied so that a pattern in the traffic (every 10th call slow) never falls
-        # into the rests alone (a window may hold one call: rests of 1 would be a period of 2)
-        self.rest = max(1, calls // 4) * next(self._rests)
+        # unprofiled calls in between keep the book learning: about one call in 12 runs
+        # unprofiled, drawn at random so that a pattern in the traffic (every 10th call slow)
+        # never falls into the rests alone
+        share = calls * _UNPROFILED / (1.0 - _UNPROFILED)
+        whole = int(share)
+        self.rest = whole + (self._rng.random() < share - whole)
         if stop_s > _STOP_HIGH_S:
-            self.calls = max(2, self.calls // 2)  # the first call is never judged
+            self.calls = max(2, self.calls // 2)  # (the first call carries the start)
         elif stop_s < _STOP_LOW_S:
             self.calls = min(MAX_CALLS, self.calls * 2)
 

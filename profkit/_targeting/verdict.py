@@ -13,18 +13,16 @@ from .slow import LatencyBook
 
 __all__ = ["judge"]
 
-#: the most the profiler's start stalls the first call of a window (measured: 1-5 ms)
-_START_STALL_NS = 5_000_000
-
 
 def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> None:
     """A profiled call ended under capture_slow: the label's unprofiled median beside it
     (the observer effect); a speculative call is kept when slower than the threshold.
 
     What the export worker took of the call's time (its busy time while the call ran: it
-    holds the GIL while it summarises) does not count, nor, for a window's first call, the
-    stall the profiler's start may cause. A call still running when its window is cut short
-    is judged on its time until the cut (the slowest calls outlast a window).
+    holds the GIL while it summarises) does not count; what the profiler added to the call
+    is taken off by the book (:meth:`LatencyBook.judge`). A call still running when its
+    window is cut short is judged on its time until the cut (the slowest calls outlast a
+    window).
     """
     label = call.scopes[0].label if call.scopes else ""
     call.unsampled_p50_ms = book.p50_ms(label)
@@ -33,9 +31,8 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     root = call.scopes[0] if call.scopes else None
     limit = None
     if root is not None:  # (end_ns: the end, or the cut)
-        took = root.end_ns - root.start_ns - (busy_ns() - call.worker_busy_ns)
-        if call.index == 0:  # right after a start the profiler stalls about one call in five
-            took -= _START_STALL_NS  # by 1-5 ms (torch 2.13, CPU): not the call's own time
+        start = max(root.start_ns, call.entered_ns)  # after the range's start (it stalls)
+        took = root.end_ns - start - (busy_ns() - call.worker_busy_ns)
         limit = book.judge(label, took)
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
@@ -43,5 +40,5 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     else:
         stats.judge(call, Policy.RELEASED, "speculative_released")
         # its per-op recording is profkit's cost too: the worker, which charges a read
-        # window's, never sees a released call (the profiled-over-unprofiled median)
+        # window's, never sees a released call (the profiled-less-unprofiled median)
         stats.cpu.charge(book.inflation_ns(label) / 1e9)

@@ -55,6 +55,8 @@ def call_extras(call: CallSummary) -> dict[str, Any]:
         out["slow_threshold_ms"] = round(call.slow_threshold_ms, 3)
     if call.unsampled_p50_ms is not None:
         out["unsampled_p50_ms"] = round(call.unsampled_p50_ms, 3)
+    if call.cold:
+        out["cold"] = True
     if call.batch is not None:
         out["batch_size"] = call.batch.size
     return out

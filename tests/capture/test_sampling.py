@@ -8,20 +8,44 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from profkit._sampling import EveryN, RateLimiter, TraceIdRatio, Triggered, trace_id_bound
+from profkit._sampling import (
+    COLD,
+    EveryN,
+    RateLimiter,
+    TraceIdRatio,
+    Triggered,
+    trace_id_bound,
+)
 
 
 def test_every_n_samples_first_and_every_nth() -> None:
-    """EveryN(4) picks calls 0, 4, 8, ... of 12."""
-    s = EveryN(4)
-    assert [0, 4, 8] == [i for i in range(12) if s.decide(None)]
+    """EveryN(4) picks calls 0, 4, 8, ... of a label's 12."""
+    picks = EveryN(4).picks()
+    assert [0, 4, 8] == [i for i in range(12) if next(picks) is True]
 
 
 @given(n=st.integers(1, 50), calls=st.integers(0, 500))
 def test_every_n_count_is_exact(n: int, calls: int) -> None:
-    """EveryN(n) over `calls` calls samples exactly ceil(calls / n)."""
-    s = EveryN(n)
-    assert math.ceil(calls / n) == sum(s.decide(None) for _ in range(calls))
+    """EveryN(n) over `calls` calls of a label samples exactly ceil(calls / n)."""
+    picks = EveryN(n).picks()
+    assert math.ceil(calls / n) == sum(next(picks) is True for _ in range(calls))
+
+
+@given(n=st.sampled_from([2, 7, 256, 257, 5000]), cold=st.integers(0, 20))
+def test_every_n_cold_calls_first_then_every_nth(n: int, cold: int) -> None:
+    """With ``cold``: the first ``cold`` answers are COLD, then calls cold, cold+N, ... (a
+    cycle up to N=256, a count past it: the same answers)."""
+    picks = EveryN(n, cold=cold).picks()
+    answers = [next(picks) for _ in range(cold + 2 * n + 1)]
+    assert answers[:cold] == [COLD] * cold
+    assert [i for i, a in enumerate(answers) if a is True] == [cold, cold + n, cold + 2 * n]
+
+
+def test_every_call_is_never_cold() -> None:
+    """sample_every=1 and sample_rate=1.0 mean every call: the cold rule does not apply."""
+    assert next(EveryN(1, cold=5).picks()) is True
+    assert next(TraceIdRatio(1.0, cold=5).picks()) is not COLD
+    assert next(TraceIdRatio(0.5, cold=5).picks()) is COLD
 
 
 def test_ratio_uses_trace_id_like_otel() -> None:

@@ -22,9 +22,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import profkit
+from profkit._capture.decide import make_sampler
 from profkit._config import ENV_VARS, Config, build_config, setting
 from profkit._deadline import Deadline
-from profkit._sampling import EveryN, RateLimiter, TraceIdRatio
+from profkit._sampling import RateLimiter
 from profkit._settings import signal_number
 from profkit._summary.thresholds import Thresholds
 from profkit._targeting.slow import LatencyBook
@@ -109,7 +110,8 @@ def consequences(config: Config) -> None:
         assert LatencyBook(config.slow_ms).slow_ns is not None  # int(slow_ms * 1e6)
     if config.max_per_minute is not None:
         RateLimiter(config.max_per_minute).allow()
-    sampler = EveryN(config.every) if config.every else TraceIdRatio(config.sample_rate or 0.0)
+    sampler = make_sampler(config)
+    next(sampler.picks())
     sampler.decide(2**127)
     Thresholds.from_config(config)
     lock = threading.Lock()

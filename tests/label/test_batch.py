@@ -190,9 +190,13 @@ def test_batcher_thread_weights_give_shares(
 
 
 def _quiet_session_first_call() -> None:
-    """Spend the sampler's first pick (sample_every=QUIET picks call 0)."""
+    """Spend the sampler's first pick (sample_every=QUIET picks call 0 of each label): a
+    root call's, and the batch label's (the sampler counts per label)."""
     with profkit.region("spend"):
         pass
+    session = profkit._global.get_session()
+    assert session is not None
+    assert next(session.picks.first("forward")) is True
 
 
 def test_a_batch_the_sampler_does_not_pick_exports_nothing(

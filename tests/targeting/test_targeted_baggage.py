@@ -137,8 +137,11 @@ def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> No
         baggage_trigger=True, sample_every=QUIET, capture_slow=True, slow_ms=60_000.0
     ) as cap:
         predict(X)  # the sampler's pick
+        for _ in range(8):  # the label's baseline (timed), before speculative windows open
+            predict(X)
 
-        @profkit.profiled("holder")
+        # the same label as predict: its 1 in N is spent (the sampler counts per label)
+        @profkit.profiled("predict")
         def holder() -> None:  # opens a speculative window on this thread (slow_ms: at once)
             held = SLOT.held
             assert held is not None
@@ -148,11 +151,11 @@ def test_a_call_that_asks_inside_a_speculative_window_is_kept_as_baggage() -> No
 
         holder()
         assert SLOT.held is None  # its calls ended: closed, exported now
-        predict(X)  # nobody asked, and the rest between speculative windows: timed only
+        predict(X)  # nobody asked: timed, or speculative and released
     assert [EVERY, "baggage"] == _policies(cap)  # (the holder is released: not slow)
     s = profkit.stats()
     assert s["sampled"] == s["exported"] == 2
-    assert s["speculative"] == s["speculative_released"] == 1
+    assert 1 <= s["speculative"] == s["speculative_released"] <= 2
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:

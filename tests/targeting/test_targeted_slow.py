@@ -77,7 +77,8 @@ def test_slow_calls_are_captured_and_fast_ones_released(monkeypatch: pytest.Monk
     assert 10 <= slow_total <= 35, slow_total  # "about 1 in 20" (seeded)
     caught = sum(_was_slow(c) for c in kept)
     assert caught >= 0.3 * slow_total, (caught, slow_total, stats)
-    assert caught >= 0.8 * len(kept), (caught, len(kept))
+    # (a fast call that the busy machine held up for tens of ms is slow too: kept)
+    assert caught >= 0.5 * len(kept), (caught, len(kept))
     # the threshold each beat, and the observer effect beside it
     for call in kept:
         assert call.slow_threshold_ms is not None
@@ -92,7 +93,7 @@ def test_slow_calls_are_captured_and_fast_ones_released(monkeypatch: pytest.Monk
 
 
 def test_slow_ms_is_a_fixed_threshold() -> None:
-    """With slow_ms the label needs no baseline: a call over it is slow, none under it."""
+    """slow_ms is applied as given, in unprofiled ms: a call over it is slow, none under it."""
 
     @profkit.profiled("sleepy")
     def sleepy(ms: float) -> float:
@@ -101,13 +102,17 @@ def test_slow_ms_is_a_fixed_threshold() -> None:
 
     with capture(sample_every=10**9, capture_slow=True, slow_ms=15.0, exporters=()) as cap:
         sleepy(0.0)  # the counter's first call is sampled: take it out of the way
-        pattern = [1.0, 1.0, 30.0, 1.0, 30.0, 1.0] * 4
+        for _ in range(8):  # the baseline: timed
+            sleepy(1.0)
+        # (calls are kept once the label's baseline and what the profiler adds are measured)
+        pattern = [1.0, 1.0, 30.0, 1.0, 30.0, 1.0] * 16
         assert pattern == [sleepy(ms) for ms in pattern]
     slow = cap.calls[1:]
     assert cap.calls[0].policy.startswith("every")
     assert slow, profkit.stats()
     assert all(c.policy == "slow" and c.slow_threshold_ms == 15.0 for c in slow)
     assert all(c.duration_us > 15_000 for c in slow)
+    assert len(slow) >= 0.5 * pattern.count(30.0), (len(slow), profkit.stats())
 
 
 def test_off_no_call_is_timed_or_speculated() -> None:
@@ -199,14 +204,17 @@ def other() -> float:
 
 
 def _in_speculative_window(body: Callable[[], T], pick: bool = True) -> T:
-    """The sampler's pick, then a speculative window opened by a call (slow_ms: at once) that
+    """The sampler's pick and the label's baseline, then a speculative window opened by a call that
     runs ``body`` while it is open, in a fresh context on the same thread, as another task
     of an event loop would. The window closes when the call ends (never left idle).
-    ``pick=False``: the sampler's pick was spent already."""
+    ``pick=False``: the sampler's pick of "quick" was spent already (it counts per label:
+    the holder is a call of "quick" too)."""
     if pick:
-        quick()
+        for _ in range(9):  # the sampler's pick, then the baseline (8 timed calls)
+            quick()
+        _past_the_rest(quick)
 
-    @profkit.profiled("holder")
+    @profkit.profiled("quick")
     def holder() -> T:
         held = SLOT.held
         assert held is not None
@@ -216,6 +224,17 @@ def _in_speculative_window(body: Callable[[], T], pick: bool = True) -> T:
     result = holder()
     assert SLOT.held is None  # its calls ended: closed, not left open on an idle thread
     return result
+
+
+def _past_the_rest(fn: Callable[..., object], *args: object) -> None:
+    """Root calls until the rest between speculative windows is over: the next call of a
+    ready label opens one (the rests are drawn at random)."""
+    session = profkit._global.get_session()
+    assert session is not None
+    spec = session._speculation
+    assert spec is not None
+    while spec.rest:
+        fn(*args)
 
 
 def _on_a_thread(fn: Callable[[], object], times: int = 1) -> None:
@@ -228,6 +247,7 @@ def test_a_trigger_is_not_spent_on_a_call_a_speculative_window_keeps_out() -> No
     """trigger(label=) while a speculative window holds the slot on another thread: the call
     that cannot be profiled leaves the trigger to the next one that can."""
     with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0) as cap:
+        other()  # its label's 1 in N spent (the sampler counts per label)
 
         def body() -> None:
             profkit.trigger(1, label="other")
@@ -235,8 +255,8 @@ def test_a_trigger_is_not_spent_on_a_call_a_speculative_window_keeps_out() -> No
 
         _in_speculative_window(body)  # it ends (nothing slow in it)
         other()  # the trigger is still there: profiled
-    assert ["every:1000000000", "trigger"] == [c.policy for c in cap.calls]
-    assert ["quick", "other"] == [c.label for c in cap.calls]
+    assert ["every:1000000000"] * 2 + ["trigger"] == [c.policy for c in cap.calls]
+    assert ["other", "quick", "other"] == [c.label for c in cap.calls]  # (holder: released)
     assert 0 == cap.stats["skipped_busy"]
 
 
@@ -247,8 +267,8 @@ def test_calls_kept_out_by_a_speculative_window_spend_none_of_the_rate_cap() -> 
         sample_every=10**9, capture_slow=True, slow_ms=60_000.0, max_per_minute=3, exporters=()
     ):
         _in_speculative_window(lambda: _on_a_thread(quick, times=50))  # one token of three
-        for _ in range(2):  # past the rest after a window: the next one opens (token two)
-            quick()
+        _past_the_rest(quick)
+        quick()  # the next one opens (token two)
         stats = profkit.stats()
     assert 3 == stats["windows"], stats  # the sampler's, and two speculative
 
@@ -266,9 +286,9 @@ def test_a_slow_call_cut_short_by_max_window_s_is_kept() -> None:
     with capture(
         sample_every=10**9, capture_slow=True, slow_ms=50.0, max_window_s=0.2, exporters=()
     ) as cap:
-        long(0.0)  # the sampler's pick
-        long(0.0)  # a speculative window of its own, released
-        long(0.0)  # the rest after a window: timed
+        for _ in range(40):  # the sampler's pick, then the baseline and what profiling adds
+            long(0.0)
+        _past_the_rest(long, 0.0)
         assert 400.0 == long(400.0)
     kept = [c for c in cap.calls if c.policy == "slow"]
     assert 1 == len(kept), [(c.policy, c.truncated) for c in cap.calls]
@@ -276,7 +296,7 @@ def test_a_slow_call_cut_short_by_max_window_s_is_kept() -> None:
     assert 50.0 == kept[0].slow_threshold_ms
     assert kept[0].duration_us > 50_000
     s = cap.stats
-    assert (2, 1) == (s["speculative"], s["speculative_released"])
+    assert s["speculative"] == s["speculative_released"] + 1
     assert s["sampled"] == s["exported"] == 2
 
 
@@ -302,9 +322,9 @@ def test_generator_roots_are_not_speculated() -> None:
             assert joined == len(held.calls)
             return joined
 
-        joined = _in_speculative_window(body, pick=False)
+        joined = _in_speculative_window(body)
     stats = profkit.stats()
-    assert 2 == stats["windows"], stats  # the sampler's pick, and quick's speculative window
+    assert 3 == stats["windows"], stats  # the picks of stream and quick, quick's speculative
     assert joined == stats["speculative"] == stats["speculative_released"]
 
 
@@ -359,6 +379,8 @@ def test_a_speculative_window_crowded_by_other_threads_closes_after_its_call() -
 
     with capture(sample_every=10**9, capture_slow=True, slow_ms=1e4, exporters=()):
         assert work(False) == 7  # the counter's first call, sampled
+        for _ in range(8):  # the label's baseline: timed
+            work(False)
         results: list[int] = []
 
         def pool_thread() -> None:  # a pool's thread: it stays alive, idle, after its call
