@@ -100,11 +100,12 @@ def test_sixteen_threads_counters_reconcile() -> None:
         _run_threads(errors)
     stats = cap.stats
     roots = THREADS * CALLS_PER_THREAD
-    # the triggers skip the sampler, which is exact over the rest: triggers + ceil(rest / N)
-    # picks. A pick can still be refused before its window opens (on a busy machine the
-    # worker falls behind and the queue fills: skipped_backlog); a refused pick is unsampled
+    # each label's sampler is exact over all its calls (a call it picks is its own: a
+    # pending trigger waits for the next call), and the triggers taken come on top:
+    # triggers + ceil(calls / N) per label. A pick can still be refused before its window
+    # opens (on a busy machine the queue fills: skipped_backlog); a refused pick is unsampled
     taken = TRIGGERED - session.triggered.pending
-    picks = taken + math.ceil((roots - taken) / EVERY)
+    picks = taken + 2 * math.ceil(roots / 2 / EVERY)  # two labels, half of the calls each
     refused = sum(stats[reason] for reason in REFUSED)
     assert [] == errors
     assert roots == stats["root_calls"]

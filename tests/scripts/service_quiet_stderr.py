@@ -31,7 +31,7 @@ def predict() -> dict[str, float]:
 
 
 instrument_app(app)
-profkit.configure(sample_every=2)
+profkit.configure(sample_every=2, cold_calls=0)  # every other call, from the first
 with serve(app) as url, httpx.Client(base_url=url) as client:
     codes = [client.get("/predict").status_code for _ in range(10)]
 flushed = profkit.force_flush(10.0)
