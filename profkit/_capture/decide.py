@@ -19,8 +19,7 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    *cold* (one of the label's first ``cold_calls``; none at ``sample_every=1`` or
    ``sample_rate=1.0``).
 3. A pending ``trigger()`` (or trigger signal), while no window holds the slot and the queue
-   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot, and for
-   the next call when the label's sampler picks this one (its 1 in N stays exact). A cold
+   has room: ``TRIGGER``. Not rate-capped nor budgeted; it waits for a free slot. A cold
    call is marked so (``CallRecord.cold``: ``profkit.cold=true``).
 4. Baggage ``profkit.profile=1`` (``baggage_trigger``): ``BAGGAGE`` (cold ones marked); else
    the label's answer picks it (never a cold call): ``SAMPLER``. Either must then pass, in
@@ -145,7 +144,7 @@ class Decider:
             return OFF
         # the label's answer for this call (its own 1 in N, or cold): a dict lookup, a next()
         pick = next(self._by_label.get(label) or self._first(label))
-        if self.triggered.pending and pick is not True:  # the sampler's pick is its own
+        if self.triggered.pending:
             call = self._triggered(label, parent, pick is COLD)
             if call is not None:
                 return (PROFILED, call)
