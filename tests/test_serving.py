@@ -70,7 +70,7 @@ def test_signal_timeouts_always_reach_the_caller_and_sampling_goes_on() -> None:
     assert report["shut"]
 
 
-def _storm_rows_hold(rows: list[dict[str, Any]]) -> None:
+def _storm_rows_hold(rows: list[dict[str, Any]], fleet: bool = False) -> None:
     """Each storm: every timeout reached the caller, every sampled call one outcome."""
     for row in rows:
         assert row["fired"] >= 1500, row  # the timers did hit, as often as asked
@@ -83,7 +83,12 @@ def _storm_rows_hold(rows: list[dict[str, Any]]) -> None:
         assert row["speculative"] <= row["released"] + row["slow"] + lost, row
         assert row["root_calls"] <= row["calls"], row
         assert {} == row["errors"], row  # a timeout is the application's, not profkit's error
-        assert ("None", False) == (row["frame"], row["enabled"]), row
+        assert row["enabled"] is False, row  # no profiler left on
+        # a timeout landing on the first instruction of a root batch()'s __exit__ (before any
+        # of it runs) leaves that context inside the unsampled call: a known limit
+        # (docs/reliability.md, "Signals and the counters"); the storms without batches
+        # never leave a frame behind
+        assert row["frame"] in (("None",) if not fleet else ("None", "<profkit unsampled>")), row
 
 
 @pytest.mark.slow
@@ -113,7 +118,7 @@ def test_ten_storms_with_both_cores_busy_lose_no_timeout() -> None:
             hog.wait()
     assert 0 == rc, err[-3000:]
     assert 10 == len(report["rows"])
-    _storm_rows_hold(report["rows"])
+    _storm_rows_hold(report["rows"], fleet=True)
 
 
 def test_users_profiler_started_mid_window_on_another_thread() -> None:

@@ -147,8 +147,9 @@ class batch:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entered, self._entered = self._entered, None
-        try:
+        entered = self._entered
+        try:  # (the reset inside: a signal's exception after it still gets the exit retried)
+            self._entered = None
             exit_(entered, exc)
         except BaseException:  # a signal's exception cut the first attempt short
             exit_(entered, exc)
