@@ -26,6 +26,7 @@ __all__ = [
     "BAGGAGE_KEY",
     "SPAN_KEY",
     "clear_profiler_flag",
+    "finish_interrupted_start",
     "kineto_quiet",
     "otel_current",
     "peek_count",
@@ -106,6 +107,35 @@ def clear_profiler_flag() -> None:
     """Clear that flag after a stop that failed or a profiler given up on: left set, every
     later window would be refused as "someone else's profiler runs" (torch 2.3-2.13)."""
     _autograd_profiler._is_profiler_enabled = False
+
+
+#: torch's C profiler entry points (``_prepare_profiler``, ``_enable_profiler``, ...)
+_c_autograd: Any = torch._C._autograd
+
+
+def finish_interrupted_start(inner: Any) -> None:
+    """Run kineto's start and stop once for a profile whose ``start()`` an exception (a
+    signal's) cut between its preparation and its start, or whose state is unknown.
+
+    ``_prepare_profiler`` leaves kineto a prepared session; one left behind makes the next
+    profile's stop find none, and an enable that no preparation preceded crashes the process
+    at its disable (segfault; measured on torch 2.13). A prepared session is therefore always
+    followed by an enable and a disable: prepared once more first, which is harmless either
+    way (a fresh one, or one already prepared: torch logs one warning then). The caller
+    checked that no profiler records this thread; ``inner`` is the profile's
+    ``torch.autograd.profiler.profile`` (torch 2.3-2.13).
+    """
+    try:
+        prepare_config, start_config = (
+            inner.config(create_trace_id=True),
+            inner.config(create_trace_id=False),
+        )
+    except TypeError:  # torch before 2.6: config() takes no argument
+        prepare_config = start_config = inner.config()
+    activities, c_autograd = inner.kineto_activities, _c_autograd
+    c_autograd._prepare_profiler(prepare_config, activities)  # (no hook: torch's C function)
+    c_autograd._enable_profiler(start_config, activities)
+    c_autograd._disable_profiler()
 
 
 def profiler_enabled_here() -> bool:

@@ -181,8 +181,12 @@ class WindowKeeper:
     # -- control ----------------------------------------------------------------------------
 
     def close_window(self, win: Window) -> None:
-        """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot."""
+        """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot.
+        Once: a second attempt (after a signal's exception cut the first short) frees it."""
         try:
+            if win.closing:
+                return
+            win.closing = True
             cpu0 = time.thread_time()
             stopped = False
             with guard(self.stats, "profiler_stop"):
@@ -284,11 +288,9 @@ def held_here(keeper: WindowKeeper) -> Window | None:
 
 
 def close_idle(keeper: WindowKeeper) -> None:
-    """Let go of ``keeper``'s window that waits for more calls, if any (shutdown).
-
-    On its own thread it closes now; if that thread has exited it is discarded now;
-    otherwise that thread's next root call (under any session) closes it.
-    """
+    """Let go of ``keeper``'s window that waits for more calls, if any (shutdown). On its own
+    thread it closes now; if that thread has exited it is discarded now; otherwise that
+    thread's next root call (under any session) closes it."""
     win = SLOT.held
     if win is None or win.keeper is not keeper or win.in_flight:
         return  # none, or its running call closes it on exit (the session is inactive)
@@ -299,11 +301,9 @@ def close_idle(keeper: WindowKeeper) -> None:
 
 
 def yielded(call: CallRecord) -> None:
-    """A sampled generator root yielded; its next step may run on another thread.
-
-    Its thread-local window stops now (the calls are exported as truncated,
-    ``"first_step"``); a window recording all threads goes on (any thread can stop it).
-    """
+    """A sampled generator root yielded; its next step may run on another thread. Its
+    thread-local window stops now (the calls are exported as truncated, ``"first_step"``);
+    a window recording all threads goes on (any thread can stop it)."""
     win: Window = call.window
     if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
         win.keeper.truncate(win, "first_step")
@@ -388,8 +388,7 @@ def _after_fork_in_child() -> None:
     """Fresh slot; the parent's window, whose thread the child lacks, is given up."""
     win = SLOT.held
     if win is not None and win.owner_thread is not threading.current_thread():
-        # the window's thread does not exist in the child: nor does its profiler state,
-        # but the process-wide "a profiler is running" flag was copied and would block us
+        # its thread, and its profiler state, are not in the child; the copied flag would block us
         win.discard()
     SLOT.reset()
 

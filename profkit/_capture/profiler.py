@@ -23,6 +23,7 @@ __all__ = [
     "cpu_only",
     "make_profiler",
     "measure_recording",
+    "not_ours",
     "ours",
     "ours_starting",
     "resolve_activities",
@@ -48,6 +49,11 @@ def ours() -> Iterator[None]:
         yield
     finally:
         _starting.on = False
+
+
+def not_ours() -> None:
+    """Clear the flag of :func:`ours` (after an exception that may have skipped its reset)."""
+    _starting.on = False
 
 
 def resolve_activities(spec: str) -> list[ProfilerActivity]:

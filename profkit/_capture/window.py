@@ -23,13 +23,19 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from .._compat import clear_profiler_flag, kineto_quiet, profiler_enabled_here, profiler_flag
+from .._compat import (
+    clear_profiler_flag,
+    finish_interrupted_start,
+    kineto_quiet,
+    profiler_enabled_here,
+    profiler_flag,
+)
 from .._config import Config
 from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
 from .._summary.raw import read_cpu_events
 from . import hooks as _hooks
-from .profiler import cpu_only, make_profiler, measure_recording, ours
+from .profiler import cpu_only, make_profiler, measure_recording, not_ours, ours
 
 __all__ = [
     "Unreadable",
@@ -119,6 +125,7 @@ class Window:
         "__weakref__",
         "calls",
         "clobbered",
+        "closing",
         "config",
         "cut_reason",
         "deadline",
@@ -158,6 +165,8 @@ class Window:
         self.cut_reason = "max_window_s"
         #: root calls of other requests seen on this window's thread while it recorded
         self.others = 0
+        #: set as the keeper begins to close it (a close is attempted once)
+        self.closing = False
         #: queued for the export worker (set by the pipeline together with the queueing)
         self.handed = False
         #: the session's window owner that opened it (:class:`profkit._capture.keeper.WindowKeeper`)
@@ -184,24 +193,31 @@ class Window:
         return sum(1 for c in self.calls if not c.warmup and c.policy.exported)
 
     def start(self, prof: profile | None = None) -> None:
-        """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one."""
+        """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one.
+
+        The window owns ``prof`` before it starts, so that an exception landing anywhere
+        from here on (a signal's, even on the statement after the start) finds it in
+        :meth:`ensure_stopped`; a start that fails leaves no profiler and no kineto state.
+        """
         if prof is None:
             prof = make_profiler(self.config)
         self.started_ns = time.time_ns()
         global _started_in_pid
         _started_in_pid = os.getpid()
+        self.prof = prof
         try:
             with ours():
                 prof.start()
         except BaseException:  # a failed start, or a signal's exception mid-start
-            _force_stop(prof, all_threads=self.config.all_threads)
+            not_ours()  # (an exception on ours()'s own last line leaves it set)
+            _force_stop(prof, all_threads=self.config.all_threads, finish=True)
+            self.prof = None
             raise
-        self.prof = prof
 
     def stop(self) -> None:
         """Stop the profiler; the events stay unparsed until the worker reads them."""
         prof = self.prof
-        if prof is not None:
+        if prof is not None and not self.stopped_refs:  # (stopped once: no second disable)
             try:
                 prof.stop()
                 # the profile's references to itself plus this frame's: see release()
@@ -212,9 +228,10 @@ class Window:
                     clear_profiler_flag()
 
     def ensure_stopped(self) -> None:
-        """Stop the profiler if it still runs (a stop an exception cut short); keep the rest."""
-        if self.prof is not None:
-            _force_stop(self.prof, all_threads=self.config.all_threads)
+        """Stop the profiler if it still runs (a start or stop an exception cut short), and
+        leave kineto no session half-started; keep the rest."""
+        if self.prof is not None and not self.stopped_refs:
+            _force_stop(self.prof, all_threads=self.config.all_threads, finish=True)
 
     def discard(self) -> None:
         """Give the window up unread: its thread is gone (it exited, or this is a forked child).
@@ -300,15 +317,30 @@ def _still_enabled_here() -> bool:
     return profiler_enabled_here()
 
 
-def _force_stop(prof: profile, *, all_threads: bool) -> None:
+def _force_stop(prof: profile, *, all_threads: bool, finish: bool = False) -> None:
     """Stop what is left of a profiler we give up on: a half-done start, a stranded window.
 
     ``torch._C._autograd._profiler_enabled()`` sees only this thread's profiler, never an
     all-threads one (measured on torch 2.13), so an all-threads profile is stopped blindly; a
-    stop of one that never started raises and is ignored.
+    stop of one that never started raises and is ignored. ``finish`` (on the profile's own
+    thread, after a start or stop an exception cut short): a profile prepared and never
+    disabled gets kineto's start and stop run once more (:func:`finish_interrupted_start`),
+    so no prepared session is left for the next window to trip on.
     """
+    inner = getattr(prof, "profiler", None)
+    # looked at before the stop (an all-threads "stop" of a profile never enabled passes)
+    disabled = (
+        inner is None
+        or not getattr(inner, "entered", False)
+        or getattr(inner, "kineto_results", None) is not None
+    )
+    enabled_here = _still_enabled_here()
     with contextlib.suppress(Exception):  # the failed start is the error that gets reported
-        if all_threads or _still_enabled_here():
+        if all_threads or enabled_here:
             prof.stop()
+    if finish and not disabled and (all_threads or not enabled_here):
+        with contextlib.suppress(Exception), ours():
+            if not _still_enabled_here():
+                finish_interrupted_start(inner)
     if foreign_profiler_active() and not _still_enabled_here():
         clear_profiler_flag()
