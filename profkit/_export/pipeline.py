@@ -188,7 +188,7 @@ class ExportPipeline:
         if isinstance(summary, str):
             return 0, summary, False
         if not summary.calls:
-            return 0, None, win.recorded == 0
+            return 0, _empty_reason(win), win.recorded == 0
         return self.fanout.export(summary)
 
     # -- control ----------------------------------------------------------------------------
@@ -240,6 +240,16 @@ class ExportPipeline:
                 self.lose(item, "shutdown")  # type: ignore[arg-type]
                 total += n
                 self._settle(n)
+
+
+def _empty_reason(win: StoppedWindow) -> str | None:
+    """Why a window's calls left no summary: ``interrupted`` when each ended by an exception
+    before its first scope was recorded (a signal's, landing between the decision and the
+    scope), else None (``no_summary``)."""
+    calls = [c for c in win.calls if not c.warmup and c.policy.exported]
+    if calls and all(c.error is not None and not c.scopes for c in calls):
+        return "interrupted"
+    return None
 
 
 class _Ledger:

@@ -47,4 +47,5 @@ def test_a_timeout_at_every_point_of_a_sampled_call_leaves_nothing_behind(mode: 
     assert r["errors"] == {}  # none of it was taken for profkit's own error
     assert r["flushed"] is True
     assert r["sampled"] == r["outcomes"]  # each sampled call has exactly one outcome
+    assert r["odd_drops"] == []  # and a call the timeout cost its profile says so
     assert r["enabled"] is False
