@@ -13,7 +13,7 @@ profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
 installed = handler_name()
 f()  # call 0: the sampler's own pick
 f()
-os.kill(os.getpid(), signal.SIGUSR1)
+signal.raise_signal(signal.SIGUSR1)
 f()  # triggered
 f()  # not
 subprocess.run(["kill", "-USR1", str(os.getpid())], check=True)

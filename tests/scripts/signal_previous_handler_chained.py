@@ -1,7 +1,6 @@
 """The application's own SIGUSR1 handler still runs (once, also after a re-configure), its
 exception is the application's, and shutdown puts it back."""
 
-import os
 import signal
 import time
 from types import FrameType
@@ -23,16 +22,16 @@ def mine(signum: int, frame: FrameType | None) -> None:
 signal.signal(signal.SIGUSR1, mine)
 profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
 f()
-os.kill(os.getpid(), signal.SIGUSR1)
+signal.raise_signal(signal.SIGUSR1)
 f()  # triggered; mine ran once
 profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)  # same signal again
 f()  # the new session's call 0
-os.kill(os.getpid(), signal.SIGUSR1)
+signal.raise_signal(signal.SIGUSR1)
 f()  # triggered; mine ran once more, not twice
 f()
 raised = None
 try:
-    os.kill(os.getpid(), signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)
     time.sleep(0.01)
 except RuntimeError as exc:
     raised = str(exc)

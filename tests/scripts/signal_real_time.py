@@ -1,6 +1,5 @@
 """trigger_signal="SIGRTMIN+1": that real-time signal profiles the next root call."""
 
-import os
 import signal
 
 from _fresh import f, report
@@ -12,7 +11,7 @@ rt = signal.SIGRTMIN + 1
 profkit.configure(trigger_signal="SIGRTMIN+1", **SETTINGS)
 installed = handler_name(rt)
 f()  # call 0: the sampler's own pick
-os.kill(os.getpid(), rt)
+signal.raise_signal(rt)
 f()  # triggered
 f()  # not
 got = policies()

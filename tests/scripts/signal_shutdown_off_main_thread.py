@@ -1,7 +1,6 @@
 """shutdown() off the main thread cannot remove the handler: it is left inert, and the next
 configure() takes it back."""
 
-import os
 import signal
 import threading
 
@@ -15,10 +14,10 @@ t = threading.Thread(target=profkit.shutdown)
 t.start()
 t.join()
 stuck = handler_name()
-os.kill(os.getpid(), signal.SIGUSR1)  # no session: nothing happens, nothing raises
+signal.raise_signal(signal.SIGUSR1)  # no session: nothing happens, nothing raises
 profkit.configure(trigger_signal="SIGUSR1", **SETTINGS)
 f()
-os.kill(os.getpid(), signal.SIGUSR1)
+signal.raise_signal(signal.SIGUSR1)
 f()
 got = policies()
 profkit.shutdown()
