@@ -29,7 +29,7 @@ import collections
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -184,9 +184,9 @@ class Metrics:
         self._lock = threading.Lock()  # one drain at a time
         #: ``(label, ns)`` of ended root calls, appended on the request path (lock-free)
         self._pending: collections.deque[tuple[str, int]] = collections.deque()
-        #: ``timed(label, t0)``: the request path's one function, a plain one with the
-        #: deque's ``append`` as a default argument (no bound method, no attribute read)
-        self.timed = _timed_into(self._pending)
+        #: ``timed((label, ns))``: the request path's one call, the deque's own ``append``
+        #: (a C call: the scope reads the clock and builds the tuple itself)
+        self.timed = self._pending.append
         self._init_state()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -320,20 +320,6 @@ class Metrics:
         self._thread = None
         if not self._stop.is_set():
             self.start()
-
-
-def _timed_into(pending: collections.deque[tuple[str, int]]) -> Callable[[str, int], None]:
-    """``timed(label, t0)`` appending to ``pending``: a plain function whose names are all
-    default arguments (no cell, no global, no attribute read on every root call)."""
-
-    def timed(
-        label: str, t0: int, _append: Any = pending.append, _now: Any = time.perf_counter_ns
-    ) -> None:
-        """An unprofiled root call of ``label`` that began at ``t0`` (``perf_counter_ns``)
-        has ended: one deque append, nothing else."""
-        _append((label, _now() - t0))
-
-    return timed
 
 
 def _exemplar(call: CallSummary) -> Any:
