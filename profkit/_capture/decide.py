@@ -250,7 +250,7 @@ class Decider:
         span: Any = otel.get(SPAN_KEY) if otel else None
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
-            return OFF
+            return self._off()
         return self._open(Policy.BAGGAGE, parent)
 
     def _refused(self) -> str | None:

@@ -303,3 +303,33 @@ def test_op_and_label_attributes_are_bounded(
         for p in metrics["profkit.call.duration"].data.data_points
     }
     assert {"predict": 4, "other": 4} == counts
+
+
+def test_batches_are_root_calls_and_an_asking_member_still_profiles_its_batch(
+    reader: InMemoryMetricReader,
+) -> None:
+    """With metrics on, every profkit.batch() is counted, and baggage still opens one."""
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    def forward(asked: bool) -> None:
+        token = otel_context.attach(baggage.set_baggage("profkit.profile", "1")) if asked else None
+        try:
+            member = profkit.batch_member()
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        with profkit.batch("forward", [member]):
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+
+    with capture(
+        sample_every=10**9, baggage_trigger=True, metrics=True, meter_provider=_provider(reader)
+    ) as cap:
+        for asked in (False, False, False, True):  # the first: the sampler's pick
+            forward(asked)
+        assert profkit.force_flush(10.0)
+        metrics = _metrics(reader)
+    assert 2 == len(cap.calls)  # the sampler's pick, then the one a member asked for
+    assert "baggage" == cap.calls[1].policy
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="forward")
+    assert 4 == duration.count
