@@ -9,10 +9,10 @@ is the decision itself; ``end_root`` hands a call back to the owner of its windo
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
-from ._capture.decide import OFF, TIMED, Decider, Decision
+from ._capture.decide import Decider, Decision
 from ._capture.foreign import wait_for_other_thread
 from ._capture.keeper import WindowKeeper, close_idle, install_hooks
 from ._capture.window import make_profiler, prime
@@ -70,9 +70,10 @@ class Session(Decider):
             self.triggered,
             self._book,
             speculation,
+            time_all=self.metrics is not None,
         )
-        #: ``timed(label, t0)``: an unprofiled root call that was timed has ended
-        self.timed: Any = self._book.note_since if self._book is not None else None
+        #: ``timed((label, ns))``: an unprofiled root call that was timed has ended
+        self.timed: Any = _noting(self._book.note) if self._book is not None else None
         self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
         if self.metrics is not None:
             self._time_every_call(self.metrics)
@@ -80,28 +81,11 @@ class Session(Decider):
         self.prime_seconds = 0.0
 
     def _time_every_call(self, metrics: Metrics) -> None:
-        """``metrics``: every root call that is not profiled is timed (``TIMED``), and its
-        duration goes to the metrics (and to the latency book with ``capture_slow``).
-
-        The instance's ``begin_root`` shadows the class's: with metrics off nothing changes.
-        """
-        self.begin_root = self._begin_timed  # type: ignore[method-assign]
+        """``metrics``: every root call that is not profiled is timed (the decision returns
+        ``TIMED``), and its duration goes to the metrics (and to the latency book with
+        ``capture_slow``)."""
         book = self._book
-        self.timed = metrics.timed if book is None else _Both(book.note_since, metrics.timed)
-
-    def _begin_timed(
-        self,
-        label: str,
-        speculate: bool = True,
-        _now: Any = time.perf_counter_ns,
-        _decide: Any = Decider.decide,
-        _off: Decision = OFF,
-    ) -> Decision:
-        """:meth:`Decider.decide`, with a call it leaves off timed from before the decision
-        (every name a default argument: no global read on every root call)."""
-        t0 = _now()
-        decision = _decide(self, label, speculate)
-        return (TIMED, t0) if decision is _off else decision
+        self.timed = metrics.timed if book is None else _both(book.note, metrics.timed)
 
     # -- request path -----------------------------------------------------------------------
 
@@ -190,14 +174,22 @@ class Session(Decider):
         self.triggered = Triggered()
 
 
-class _Both:
+def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], None]:
+    """``timed`` with ``capture_slow``: ``(label, ns)`` into the latency book's ``note``."""
+
+    def timed(item: tuple[str, int], _note: Any = note) -> None:
+        _note(item[0], item[1])
+
+    return timed
+
+
+def _both(
+    note: Callable[[str, int], None], metrics: Callable[[tuple[str, int]], None]
+) -> Callable[[tuple[str, int]], None]:
     """``timed`` with ``capture_slow`` and ``metrics`` both on: the book, then the metrics."""
 
-    __slots__ = ("book", "metrics")
+    def timed(item: tuple[str, int], _note: Any = note, _metrics: Any = metrics) -> None:
+        _note(item[0], item[1])
+        _metrics(item)
 
-    def __init__(self, book: Any, metrics: Any) -> None:
-        self.book, self.metrics = book, metrics
-
-    def __call__(self, label: str, t0: int) -> None:
-        self.book(label, t0)
-        self.metrics(label, t0)
+    return timed

@@ -33,6 +33,10 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    ``TIMED``.
 6. Otherwise ``OFF``.
 
+With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
+decision ends (``profkit.call.duration`` counts every root call): inline on the usual path,
+with no frame of its own; with ``metrics`` off the usual path reads one attribute, as before.
+
 A trigger or a rate-cap token is spent only once a window opens for the call; the
 sampler's pick is the sampling point (a picked call refused is counted under its reason).
 """
@@ -59,6 +63,8 @@ __all__ = ["OFF", "PROFILED", "TIMED", "Decider", "Decision", "Kind", "asks_to_p
 
 _SAMPLED = TraceFlags.SAMPLED
 _YES = frozenset({"1", "true", "yes"})
+#: the clock of a timed call (``TIMED``): ``perf_counter_ns``
+_CLOCK = time.perf_counter_ns
 #: seconds an over-budget verdict stands before the CPU share is read again
 _OVER_RECHECK_S = 0.01
 
@@ -108,6 +114,7 @@ class Decider:
         triggered: Triggered,
         book: LatencyBook | None,
         speculation: Speculation | None,
+        time_all: bool = False,
     ) -> None:
         self._stats = stats
         self._pipeline = pipeline
@@ -119,10 +126,17 @@ class Decider:
         stats.shared_label_calls = self.picks.shared_calls
         #: read on every root call: one attribute each, not two
         self._roots, self._sample = stats.roots, self._sampler.decide
+        self._unsampled = stats.unsampled_traces
         self._by_label, self._first = self.picks.by_label, self.picks.first
         self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
         self._book = book
         self._speculation = speculation
+        #: ``metrics``: the clock that times every root call left unprofiled (else None)
+        self._clock: Any = _CLOCK if time_all else None
+        #: what a call the sampler passed over gets: None, ``OFF`` (neither ``capture_slow``
+        #: nor ``metrics``: one attribute read, as before either existed); ``_CLOCK``, timed
+        #: (``metrics`` alone); else ``True``, speculated on (``capture_slow``)
+        self._tail: Any = True if book is not None else self._clock
         self._budget = config.max_overhead
         #: ``time.monotonic()`` until which profkit is known to be over its budget
         self._over_until = 0.0
@@ -140,8 +154,8 @@ class Decider:
                 return self._join(win, label, parent, otel, speculate)
         # the sampled bit first: one int operation on the usual path (a sampled trace)
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
-            next(self._stats.unsampled_traces)  # lock-free, like the root count
-            return OFF
+            next(self._unsampled)  # lock-free, like the root count
+            return OFF if self._clock is None else (TIMED, self._clock())
         # the label's answer for this call (its own 1 in N, or cold): a dict lookup, a next()
         pick = next(self._by_label.get(label) or self._first(label))
         if self.triggered.pending:
@@ -155,11 +169,20 @@ class Decider:
         if pick is ASK:
             if self._sample(parent.trace_id if parent and parent.is_valid else None):
                 return self._open(Policy.SAMPLER, parent)
-        elif pick is COLD:  # neither timed nor speculative: not the label's baseline
+        elif pick is COLD:  # not speculative, not the label's baseline (timed for metrics)
+            return self._off()
+        tail = self._tail
+        if tail is None:
             return OFF
-        if self._book is None or not speculate:
-            return OFF
-        return self._speculate(label, parent)
+        if tail is _CLOCK:  # metrics without capture_slow: timed from here, inline
+            return (TIMED, tail())
+        return self._speculate(label, parent) if speculate else self._off()
+
+    def _off(self) -> Decision:
+        """A call left unprofiled: ``OFF``, or timed from here with ``metrics`` (every root
+        call's duration, whatever the reason it was not profiled)."""
+        clock = self._clock
+        return OFF if clock is None else (TIMED, clock())
 
     def _triggered(self, label: str, parent: SpanContext | None, cold: bool) -> CallRecord | None:
         """A pending trigger for ``label``: a window, while the slot is free and the queue has
@@ -174,7 +197,7 @@ class Decider:
 
     def refresh_after_fork(self) -> None:
         """The counters were made anew (a forked child): count into the new ones."""
-        self._roots = self._stats.roots
+        self._roots, self._unsampled = self._stats.roots, self._stats.unsampled_traces
         self._stats.shared_label_calls = self.picks.shared_calls
 
     def _join(
@@ -183,7 +206,7 @@ class Decider:
         """Join the window this thread holds (it has room), or not (see rule 1)."""
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._stats.unsampled_traces)
-            return OFF
+            return self._off()
         keeper = self._keeper
         if not win.speculative:  # the window's later calls: not the sampler's, not counted
             return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
@@ -196,10 +219,10 @@ class Decider:
             )
             if refused is not None:
                 next(self._stats.refused[refused])
-                return OFF  # recorded by the window's profiler all the same, never read
+                return self._off()  # recorded by the window's profiler all the same, never read
             return self._joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
         if not speculate or cold:  # a generator: its first yield would cut the window short;
-            return OFF  # a cold call is not judged against the label's warm calls
+            return self._off()  # a cold call is not judged against the label's warm calls
         return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
 
     @staticmethod
@@ -212,10 +235,10 @@ class Decider:
         refused = self._refused()
         if refused is not None:
             next(self._stats.refused[refused])
-            return OFF
+            return self._off()
         call = self._keeper.open(policy, parent, sampler=self._sampler.description)
         if call is None:
-            return OFF
+            return self._off()
         call.cold = cold
         return (PROFILED, call)
 
@@ -227,7 +250,7 @@ class Decider:
         span: Any = otel.get(SPAN_KEY) if otel else None
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
-            return OFF
+            return self._off()
         return self._open(Policy.BAGGAGE, parent)
 
     def _refused(self) -> str | None:

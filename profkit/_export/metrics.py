@@ -29,7 +29,7 @@ import collections
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -184,9 +184,9 @@ class Metrics:
         self._lock = threading.Lock()  # one drain at a time
         #: ``(label, ns)`` of ended root calls, appended on the request path (lock-free)
         self._pending: collections.deque[tuple[str, int]] = collections.deque()
-        #: ``timed(label, t0)``: the request path's one function, a plain one with the
-        #: deque's ``append`` as a default argument (no bound method, no attribute read)
-        self.timed = _timed_into(self._pending)
+        #: ``timed((label, ns))``: the request path's one call, the deque's own ``append``
+        #: (a C call: the scope reads the clock and builds the tuple itself)
+        self.timed = self._pending.append
         self._init_state()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,8 +201,8 @@ class Metrics:
         self._held: dict[tuple[int, int], tuple[str, int, float]] = {}
         self._held_lock = threading.Lock()
         self._labels: dict[str, dict[str, str]] = {}
-        self._ops: dict[tuple[str, str], dict[str, str]] = {}
-        self._ops_per_label: collections.Counter[str] = collections.Counter()
+        #: each bounded label's op name -> its ``profkit.op.self_time`` attributes
+        self._ops: dict[str, dict[str, dict[str, str]]] = {}
 
     # -- request path -----------------------------------------------------------------------
 
@@ -246,31 +246,34 @@ class Metrics:
                 self.stats.cpu.charge(time.thread_time() - cpu0)
 
     def _drain_delivered(self) -> None:
-        record_self = self._self_time.record
+        record_self, delivered = self._self_time.record, self._delivered
         while True:
             try:
-                call = self._delivered.popleft()
+                call = delivered.popleft()
             except IndexError:
                 return
-            label = call.label
-            for row in call.root.ops:
-                record_self(row.self_cpu_us / 1e6, self._op_attributes(label, row.name), _EMPTY)
+            label = self._label(call.label)["profkit.label"]  # bounded: MAX_LABELS
+            ops = self._ops.get(label) or self._ops.setdefault(label, {})
+            for row in call.root.ops:  # each row's attributes: one dict lookup
+                attrs = ops.get(row.name) or self._new_op(ops, label, row.name)
+                record_self(row.self_cpu_us / 1e6, attrs, _EMPTY)
             with self._held_lock:
                 held = self._held.pop((call.window_id, call.call_index), None)
             if held is not None:
                 self._duration.record(held[1] / 1e9, self._label(held[0]), _exemplar(call))
 
     def _drain_pending(self) -> None:
-        record = self._duration.record
-        pending = self._pending
+        record, pending, labels = self._duration.record, self._pending, self._labels
         while True:
             try:
                 label, ns = pending.popleft()
             except IndexError:
                 return
-            record(ns / 1e9, self._label(label), _EMPTY)
+            record(ns / 1e9, labels.get(label) or self._label(label), _EMPTY)
 
     def _release_held(self, release_all: bool) -> None:
+        if not self._held:
+            return
         cutoff = time.monotonic() - _HOLD_S
         with self._held_lock:
             keys = [k for k, v in self._held.items() if release_all or v[2] < cutoff]
@@ -288,17 +291,16 @@ class Metrics:
             attrs = self._labels.setdefault(label, {"profkit.label": label})
         return attrs
 
-    def _op_attributes(self, label: str, op: str) -> dict[str, str]:
-        label = self._label(label)["profkit.label"]
-        attrs = self._ops.get((label, op))
-        if attrs is None:
-            if self._ops_per_label[label] >= MAX_OPS:
-                op = _OTHER
-                attrs = self._ops.get((label, op))
-            if attrs is None:
-                attrs = {"profkit.label": label, "profkit.op": op}
-                self._ops[(label, op)] = attrs
-                self._ops_per_label[label] += 1
+    @staticmethod
+    def _new_op(ops: dict[str, dict[str, str]], label: str, op: str) -> dict[str, str]:
+        """An op name not seen yet for ``label``: its attributes, or other's past ``MAX_OPS``
+        (the overflowing name itself is not kept: ``ops`` stays bounded)."""
+        if len(ops) >= MAX_OPS:
+            op = _OTHER
+            attrs = ops.get(op)
+            if attrs is not None:
+                return attrs
+        attrs = ops[op] = {"profkit.label": label, "profkit.op": op}
         return attrs
 
     # -- control ----------------------------------------------------------------------------
@@ -320,20 +322,6 @@ class Metrics:
         self._thread = None
         if not self._stop.is_set():
             self.start()
-
-
-def _timed_into(pending: collections.deque[tuple[str, int]]) -> Callable[[str, int], None]:
-    """``timed(label, t0)`` appending to ``pending``: a plain function whose names are all
-    default arguments (no cell, no global, no attribute read on every root call)."""
-
-    def timed(
-        label: str, t0: int, _append: Any = pending.append, _now: Any = time.perf_counter_ns
-    ) -> None:
-        """An unprofiled root call of ``label`` that began at ``t0`` (``perf_counter_ns``)
-        has ended: one deque append, nothing else."""
-        _append((label, _now() - t0))
-
-    return timed
 
 
 def _exemplar(call: CallSummary) -> Any:

@@ -27,10 +27,11 @@ from opentelemetry.trace import TraceFlags
 
 from .. import _errors
 from .._capture.decide import OFF as NOT_PROFILED
-from .._capture.decide import PROFILED, asks_to_profile
+from .._capture.decide import PROFILED, TIMED, asks_to_profile
 from .._compat import SPAN_KEY, otel_current
 from .._model import BatchMemberSummary, BatchSummary
 from .._records import CallRecord, Policy
+from .._targeting.slow import Timed
 from .compiler import compiled_away, compiling
 from .scope import FRAME, GLOBAL, OFF, _abort_root, _open, enter, exit_, undo_enter
 
@@ -176,11 +177,15 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
             _errors.internal(session.stats, "begin_root", exc)
         try:
             found = _valid(session.stats, members, weights)
-            if decision is NOT_PROFILED and found[2]:
+            if decision[0] is not PROFILED and found[2]:  # OFF, or timed (metrics)
                 decision = session.open_asked()
         except Exception as exc:
             _errors.internal(session.stats, "batch", exc)
-        if decision is NOT_PROFILED or decision[0] is not PROFILED:
+        if decision is NOT_PROFILED:
+            return OFF
+        if decision[0] is TIMED:  # metrics: the batch is a root call, timed like any other
+            return Timed(session.timed, label, decision[1])
+        if decision[0] is not PROFILED:
             return OFF
         call = decision[1]
         try:

@@ -297,7 +297,7 @@ def sync_call(
     pk_open, pk_internal = _open, _errors.internal
     pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
-    pk_abandoned = _abandoned
+    pk_abandoned, pk_now = _abandoned, time.perf_counter_ns
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -350,7 +350,7 @@ def sync_call(
                 pk_reset(token) if token is not None else pk_set(None)
             elif decision[0] is pk_timed:
                 pk_reset(token) if token is not None else pk_set(None)
-                session.timed(pk_label, decision[1])
+                session.timed((pk_label, pk_now() - decision[1]))  # a C call (metrics)
             else:
                 try:
                     pk_leave_root(entered, decision[1], session, error)

@@ -261,17 +261,17 @@ class Timed:
 
     __slots__ = ("done", "label", "t0", "timed")
 
-    def __init__(self, timed: Callable[[str, int], None], label: str, t0: int) -> None:
+    def __init__(self, timed: Callable[[tuple[str, int]], None], label: str, t0: int) -> None:
         self.timed = timed
         self.label = label
         self.done = False
         self.t0 = t0
 
     def end(self) -> None:
-        """The call returned (or raised): note its duration, once."""
+        """The call returned (or raised): note ``(label, ns)``, once."""
         if not self.done:
             self.done = True
-            self.timed(self.label, self.t0)
+            self.timed((self.label, time.perf_counter_ns() - self.t0))
 
     def close_scopes(self) -> None:
         """Nothing to close (the scope protocol of an interrupted root call)."""

@@ -237,3 +237,99 @@ def test_a_second_configure_on_the_same_provider_feeds_the_same_instruments(
     assert 5 == by_outcome["exported"]
     (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
     assert 25 == duration.count
+
+
+def test_every_root_call_in_an_unsampled_trace_and_cold(
+    reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """Root calls in an unsampled trace, cold calls and refused picks are all counted."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    unsampled = NonRecordingSpan(SpanContext(1, 2, is_remote=True, trace_flags=TraceFlags(0)))
+    predict = _predictor(mlp)
+    with capture(
+        sample_every=2,
+        cold_calls=3,
+        max_per_minute=1,
+        metrics=True,
+        meter_provider=_provider(reader),
+    ):
+        for _ in range(12):
+            predict(batch)
+        with trace.use_span(unsampled):
+            for _ in range(5):
+                predict(batch)
+        assert profkit.force_flush(10.0)
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    assert 5 == stats["skipped_unsampled_trace"]
+    assert stats["skipped_rate_limit"] >= 1
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="predict")
+    assert 17 == duration.count == stats["root_calls"]
+
+
+def test_op_and_label_attributes_are_bounded(
+    reader: InMemoryMetricReader,
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past MAX_OPS op names (and MAX_LABELS labels) the rest is recorded as "other"."""
+    from profkit._export import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_OPS", 3)
+    monkeypatch.setattr(metrics_module, "MAX_LABELS", 1)
+    predict = _predictor(mlp)
+    other = profkit.profiled("second")(predict.__wrapped__)
+    with capture(sample_every=1, metrics=True, meter_provider=_provider(reader)) as cap:
+        for _ in range(4):
+            predict(batch)
+            other(batch)
+        assert profkit.force_flush(10.0)
+        metrics = _metrics(reader)
+    self_time = metrics["profkit.op.self_time"]
+    rows = {c.label: len(c.root.ops) for c in cap.calls}
+    assert rows["predict"] > 4  # more ops than the bound
+    points = _points(self_time, profkit_label="predict")
+    by_op = {p.attributes["profkit.op"]: p.count for p in points}
+    assert 4 == len(by_op)  # 3 op names, then "other"
+    assert "other" in by_op
+    assert 4 * rows["predict"] == sum(by_op.values())  # every row recorded
+    labels = {p.attributes["profkit.label"] for p in self_time.data.data_points}
+    assert {"predict", "other"} == labels  # "second" came past MAX_LABELS
+    counts = {
+        p.attributes["profkit.label"]: p.count
+        for p in metrics["profkit.call.duration"].data.data_points
+    }
+    assert {"predict": 4, "other": 4} == counts
+
+
+def test_batches_are_root_calls_and_an_asking_member_still_profiles_its_batch(
+    reader: InMemoryMetricReader,
+) -> None:
+    """With metrics on, every profkit.batch() is counted, and baggage still opens one."""
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    def forward(asked: bool) -> None:
+        token = otel_context.attach(baggage.set_baggage("profkit.profile", "1")) if asked else None
+        try:
+            member = profkit.batch_member()
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        with profkit.batch("forward", [member]):
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+
+    with capture(
+        sample_every=10**9, baggage_trigger=True, metrics=True, meter_provider=_provider(reader)
+    ) as cap:
+        for asked in (False, False, False, True):  # the first: the sampler's pick
+            forward(asked)
+        assert profkit.force_flush(10.0)
+        metrics = _metrics(reader)
+    assert 2 == len(cap.calls)  # the sampler's pick, then the one a member asked for
+    assert "baggage" == cap.calls[1].policy
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="forward")
+    assert 4 == duration.count
