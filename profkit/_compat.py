@@ -121,7 +121,10 @@ def finish_interrupted_start(inner: Any) -> None:
     profile's stop find none, and an enable that no preparation preceded crashes the process
     at its disable (segfault; measured on torch 2.13). A prepared session is therefore always
     followed by an enable and a disable: prepared once more first, which is harmless either
-    way (a fresh one, or one already prepared: torch logs one warning then). The caller
+    way (a fresh one, or one already prepared: torch logs one warning then). Always: no
+    state of the profile tells a prepared session from a spent one (a stop cut between
+    ``_disable_profiler`` and keeping its result looks prepared; enabling then crashed
+    ``tests/capture/test_interrupted_everywhere.py``). The caller
     checked that no profiler records this thread; ``inner`` is the profile's
     ``torch.autograd.profiler.profile`` (torch 2.3-2.13).
     """
