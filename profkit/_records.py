@@ -127,9 +127,9 @@ class CallRecord:
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
     tid: int = 0
     """A speculative call: its thread's native id (0: not known)."""
-    sched_ns: tuple[int, int] = (0, 0)
-    """A speculative call: its thread's time on a CPU and waiting for one, ever, when its
-    root's range had started (see ``judge``)."""
+    sched_ns: tuple[int, int, int] = (-1, 0, -1)
+    """A speculative call: its thread's CPU time, time waiting for a CPU, and voluntary
+    context switches, ever, when its root's range had started (see ``judge``; -1: unknown)."""
     sampler: str = ""
     """The sampler's description, for policy ``SAMPLER``."""
     cold: bool = False

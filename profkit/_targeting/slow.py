@@ -24,10 +24,18 @@ from __future__ import annotations
 import collections
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 
 from .._text import escape
+
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+except ImportError:  # (Windows)
+    _RUSAGE_THREAD = None
 
 __all__ = ["LatencyBook", "Speculation", "Timed", "sched_ns"]
 
@@ -64,26 +72,33 @@ _STOP_HIGH_S, _STOP_LOW_S = 0.002, 0.0005
 _schedstat: list[bool] = []
 
 
-def sched_ns(tid: int) -> tuple[int, int]:
-    """Nanoseconds thread ``tid`` (its native id) has spent on a CPU, and runnable but
-    waiting for one, ever (Linux ``/proc/self/task/<tid>/schedstat``; ``(0, 0)`` where there
-    is none). A speculative call's own wait is taken off its duration: a profiler's start
-    wakes its threads and on a busy machine the call's thread then waits a scheduler tick
-    (4 ms) for a CPU, which its profile cannot explain (measured: every stalled call of 300
-    in a loop of one-call windows)."""
+def sched_ns(tid: int) -> tuple[int, int, int]:
+    """Thread ``tid`` (its native id), ever: nanoseconds runnable but waiting for a CPU
+    (Linux ``/proc/self/task/<tid>/schedstat``), and, when ``tid`` is the calling thread,
+    its CPU time (``thread_time_ns``: the kernel's counter in that file lags by up to a
+    tick for a running thread) and how often it gave up its CPU itself: slept, waited for a
+    lock or for I/O (``getrusage(RUSAGE_THREAD)``); -1 each for another thread or where
+    unknown. Returned as ``(cpu, waited, slept)``, ``(-1, 0, -1)`` where there is none.
+
+    A speculative call's duration is judged without what the machine did to it: a
+    profiler's start wakes its threads, and on a busy machine (or a virtual one, whose host
+    takes the CPU away) the call's thread then stays off its CPU for a scheduler tick (4 ms),
+    which its profile cannot explain."""
     if _schedstat and not _schedstat[0]:
-        return (0, 0)
+        return (-1, 0, -1)
     try:
         with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-            fields = f.read().split()
-        value = (int(fields[0]), int(fields[1]))
+            wait = int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         if not _schedstat:
             _schedstat.append(os.path.exists("/proc/self/schedstat"))
-        return (0, 0)
+        return (-1, 0, -1)
     if not _schedstat:
         _schedstat.append(True)
-    return value
+    if tid != threading.get_native_id():
+        return (-1, wait, -1)
+    slept = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw if _RUSAGE_THREAD is not None else -1
+    return (time.thread_time_ns(), wait, slept)
 
 
 class _Label:

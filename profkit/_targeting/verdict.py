@@ -47,16 +47,23 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
 
 
 def _own_ns(call: CallRecord, wall: int, busy: int) -> int:
-    """The call's wall time less its thread's waits for a CPU and less what the export
-    worker may have taken of it: its busy time, but no more than the call's thread spent
-    off a CPU (while the worker holds the GIL the call's thread sleeps; where none is
-    known, all of it)."""
-    if not call.tid or not call.sched_ns[0]:
+    """The call's wall time less what the machine and profkit's worker took of it.
+
+    Its thread's waits for a CPU are taken off. A call whose thread never gave up its CPU
+    itself meanwhile (no sleep, no lock or I/O wait: no voluntary context switch) is its CPU
+    time: the rest was taken from it (a preemption, a virtual machine's host). Else the
+    export worker's busy time is taken off, but no more than the call's thread spent off a
+    CPU (while the worker holds the GIL, the call's thread sleeps). Where the call's thread
+    is not the judge's (a call cut short), only its waits and the worker's busy time are.
+    """
+    if not call.tid:
         return wall - busy
-    cpu0, wait0 = call.sched_ns
-    cpu, wait = sched_ns(call.tid)
-    if not cpu:  # (its thread is gone)
-        return wall - busy
+    cpu0, wait0, slept0 = call.sched_ns
+    cpu, wait, slept = sched_ns(call.tid)
     waited = max(0, wait - wait0)
-    off_cpu = max(0, wall - (cpu - cpu0) - waited)
-    return wall - waited - min(busy, off_cpu)
+    if cpu0 < 0 or cpu < 0:
+        return wall - waited - busy
+    on_cpu = max(0, cpu - cpu0)
+    if slept0 >= 0 and slept == slept0:
+        return min(wall - waited, on_cpu)
+    return wall - waited - min(busy, max(0, wall - on_cpu - waited))

@@ -85,9 +85,9 @@ def test_a_call_slow_only_by_its_wait_for_a_cpu_is_not_kept(
     counters are replaced by ones the handler advances: a real wait cannot be ordered)."""
     waited = [0]
 
-    def fake_sched(tid: int) -> tuple[int, int]:
-        cpu, _ = sched_ns(tid)
-        return (cpu or 1, waited[0])
+    def fake_sched(tid: int) -> tuple[int, int, int]:
+        cpu, _, slept = sched_ns(tid)
+        return (cpu, waited[0], slept)
 
     monkeypatch.setattr(_scope, "sched_ns", fake_sched)
     monkeypatch.setattr(_verdict, "sched_ns", fake_sched)
