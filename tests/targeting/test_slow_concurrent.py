@@ -24,8 +24,8 @@ import torch
 
 import profkit
 from profkit._label import scope as _scope
+from profkit._targeting import slow as _slow
 from profkit._targeting import verdict as _verdict
-from profkit._targeting.slow import sched_ns
 from profkit.testing import capture
 
 
@@ -81,16 +81,16 @@ def test_a_call_slow_only_by_its_wait_for_a_cpu_is_not_kept(
 ) -> None:
     """Two kinds of 30 ms calls among 1 ms ones: one sleeps (off a CPU, its own time), the
     other stands for a call held up waiting for a CPU (the thread's scheduler statistics
-    say it waited those 30 ms). The first kind is kept, the second never (the kernel's
-    counters are replaced by ones the handler advances: a real wait cannot be ordered)."""
+    say it waited those 30 ms more). The first kind is kept, the second hardly ever (the
+    kernel's wait counter gets what the handler adds: a real wait cannot be ordered)."""
     waited = [0]
 
     def fake_sched(tid: int) -> tuple[int, int, int]:
-        cpu, _, slept = sched_ns(tid)
-        return (cpu, waited[0], slept)
+        cpu, wait, slept = _slow.sched_ns(tid)  # (the real waits too: a busy machine has them)
+        return (cpu, wait + waited[0], slept)
 
-    monkeypatch.setattr(_scope, "sched_ns", fake_sched)
-    monkeypatch.setattr(_verdict, "sched_ns", fake_sched)
+    monkeypatch.setattr(_scope, "sched_ns", fake_sched, raising=False)
+    monkeypatch.setattr(_verdict, "sched_ns", fake_sched, raising=False)
 
     @profkit.profiled("dep")
     def handler(i: int, kind: str) -> int:
@@ -109,6 +109,12 @@ def test_a_call_slow_only_by_its_wait_for_a_cpu_is_not_kept(
     with capture(sample_every=10**9, capture_slow=True, max_per_minute=None, exporters=()) as cap:
         for i, kind in enumerate(kinds):
             handler(i, kind)
-    kept = [c.scopes[1].attributes["kind"] for c in cap.calls if c.policy == "slow"]
-    assert "held" not in kept, kept
+    slow = [c for c in cap.calls if c.policy == "slow"]
+    kept = [c.scopes[1].attributes["kind"] for c in slow]
+    # a held call is as slow as a fast one once its wait is taken off: kept as rarely (a
+    # virtual machine's host can hold any call up for a tick; before, nearly all were kept)
+    held = sum(1 for k in kinds[40:] if k == "held")
+    assert kept.count("held") <= max(2, held // 6), [
+        (c.scopes[1].attributes, c.duration_us, c.slow_threshold_ms) for c in slow
+    ]
     assert kept.count("slow") >= 5, (kept, cap.stats)
