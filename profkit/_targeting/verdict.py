@@ -52,18 +52,15 @@ def _own_ns(call: CallRecord, wall: int, busy: int) -> int:
     Its thread's waits for a CPU are taken off. A call whose thread never gave up its CPU
     itself meanwhile (no sleep, no lock or I/O wait: no voluntary context switch) is its CPU
     time: the rest was taken from it (a preemption, a virtual machine's host). Else the
-    export worker's busy time is taken off, but no more than the call's thread spent off a
-    CPU (while the worker holds the GIL, the call's thread sleeps). Where the call's thread
-    is not the judge's (a call cut short), only its waits and the worker's busy time are.
+    export worker's busy time meanwhile is taken off too, all of it (while the worker holds
+    the GIL the call's thread sleeps; bounding it by the call's time off a CPU kept a fast
+    call that the worker had slowed down, CPU time included).
     """
     if not call.tid:
         return wall - busy
     cpu0, wait0, slept0 = call.sched_ns
     cpu, wait, slept = sched_ns(call.tid)
     waited = max(0, wait - wait0)
-    if cpu0 < 0 or cpu < 0:
-        return wall - waited - busy
-    on_cpu = max(0, cpu - cpu0)
-    if slept0 >= 0 and slept == slept0:
-        return min(wall - waited, on_cpu)
-    return wall - waited - min(busy, max(0, wall - on_cpu - waited))
+    if cpu0 >= 0 and cpu >= 0 and slept0 >= 0 and slept == slept0:
+        return min(wall - waited, max(0, cpu - cpu0))
+    return wall - waited - busy
