@@ -194,3 +194,32 @@ def render(rows: list[dict[str, Any]], fmt: Callable[[float | None], str] | None
             f"| {r['kept']} | {r['recall']:.2f} | {r['precision']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def main() -> None:
+    """Run a subset: ``bench/slow_recall.py [--workload W] [--mode M] [--calls N]
+    [--explicit] [--budget B] [--repeat K]`` (rows as markdown)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--workload", choices=WORKLOADS, action="append")
+    ap.add_argument("--mode", choices=MODES, action="append")
+    ap.add_argument("--calls", type=int, default=480)
+    ap.add_argument("--explicit", action="store_true", help="an explicit slow_ms")
+    ap.add_argument("--budget", type=float, default=None, help="max_overhead")
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for workload in args.workload or WORKLOADS:
+        for mode in args.mode or MODES:
+            for _ in range(args.repeat):
+                settings: dict[str, Any] = {"slow_ms": args.explicit}
+                if args.budget is not None:
+                    settings["max_overhead"] = args.budget
+                rows.append(measure_one(workload, mode, settings, args.calls))
+    print(render(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -125,6 +125,11 @@ class CallRecord:
     judge times a speculative call from here, after the stall a profiler start may cause."""
     worker_busy_ns: int = 0
     """A speculative call: the export worker's busy time when it began (see ``judge``)."""
+    tid: int = 0
+    """A speculative call: its thread's native id (0: not known)."""
+    sched_ns: tuple[int, int, int] = (-1, 0, -1)
+    """A speculative call: its thread's CPU time, time waiting for a CPU, and voluntary
+    context switches, ever, when its root's range had started (see ``judge``; -1: unknown)."""
     sampler: str = ""
     """The sampler's description, for policy ``SAMPLER``."""
     cold: bool = False

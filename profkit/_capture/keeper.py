@@ -27,6 +27,7 @@ from .._targeting.slow import Speculation
 from .._targeting.verdict import judge
 from . import foreign as _foreign
 from . import hooks as _hooks
+from .room import crowded, has_room
 from .slot import SLOT
 from .window import Window
 
@@ -40,10 +41,6 @@ __all__ = [
     "stop_left_at_exit",
     "yielded",
 ]
-
-#: other root calls that may run on a window's thread while it records (a thread-local
-#: profiler records them too: on a busy event loop they fill a window within milliseconds)
-_MAX_OTHERS = 200
 
 
 class WindowKeeper:
@@ -276,13 +273,13 @@ def held_here(keeper: WindowKeeper) -> Window | None:
     elif owner is not keeper:
         if win.in_flight == 0:
             owner.close_window(win)  # an idle window of a replaced session
-    elif not win.full:
+    elif has_room(win):
         return win
     elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short
         owner.close_window(win)
     else:  # another request on a thread the window records (an event loop's)
         win.others += 1
-        if win.others > _MAX_OTHERS:
+        if crowded(win):
             owner.truncate(win, "busy_thread")
     return None
 

@@ -36,8 +36,8 @@ from .._capture.decide import PROFILED, TIMED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.slot import SLOT
 from .._model import CodeInfo
-from .._records import CallRecord, ScopeRecord
-from .._targeting.slow import Timed
+from .._records import CallRecord, Policy, ScopeRecord
+from .._targeting.slow import Timed, sched_ns
 from .._text import escape
 from .compiler import compiled_away, compiling
 
@@ -119,6 +119,9 @@ def _open(
         record.rf = rf
         if parent is None:  # the root's range has started (a profiler's start stalls there)
             call.entered_ns = time.time_ns()
+            if call.policy is Policy.SPECULATIVE:  # its thread's CPU and waits from here on
+                call.tid = threading.get_native_id()
+                call.sched_ns = sched_ns(call.tid)
     except RecursionError:  # no stack left for the range here: the scope stays Python-timed
         pass
     except Exception as exc:  # a label that cannot be recorded still leaves a Python-timed scope

@@ -22,13 +22,22 @@ While this is on, the decision for an unprofiled root call is ``(TIMED, start)``
 from __future__ import annotations
 
 import collections
+import os
 import random
+import threading
 import time
 from collections.abc import Callable
 
 from .._text import escape
 
-__all__ = ["LatencyBook", "Speculation", "Timed"]
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+except ImportError:  # (Windows)
+    _RUSAGE_THREAD = None
+
+__all__ = ["LatencyBook", "Speculation", "Timed", "sched_ns"]
 
 _RING = 256
 #: labels the book keeps; the one seen least recently is forgotten for a new one
@@ -41,8 +50,11 @@ _LOW, _HIGH = 2.0, 4.0
 #: a call less than this over its label's median is never slow by the p95 rule: a
 #: scheduler's time slice (a busy machine holds up a fast call for about that long)
 _JITTER_NS = 1_000_000
-#: the latest calls whose median also bounds the threshold from below
+#: speculative calls known before what the profiler adds is taken as known
 _RECENT = 8
+#: the latest unprofiled calls whose median also bounds the threshold from below (not
+#: fewer: on an event loop the calls that end after a crowded window are its slow ones)
+_LATEST = 16
 #: speculative durations kept per label (what the profiler adds is their median's excess)
 _PROFILED = 64
 #: most root calls a speculative window records (fewer when its stops get expensive)
@@ -53,6 +65,40 @@ _RETRY = 16
 _UNPROFILED = 1 / 12
 #: a speculative window's stop (on the request thread) above this halves the next one's calls
 _STOP_HIGH_S, _STOP_LOW_S = 0.002, 0.0005
+
+
+#: whether this system has per-thread scheduler statistics (Linux's schedstat); None: not
+#: asked yet
+_schedstat: list[bool] = []
+
+
+def sched_ns(tid: int) -> tuple[int, int, int]:
+    """Thread ``tid`` (its native id), ever: nanoseconds runnable but waiting for a CPU
+    (Linux ``/proc/self/task/<tid>/schedstat``), and, when ``tid`` is the calling thread,
+    its CPU time (``thread_time_ns``: the kernel's counter in that file lags by up to a
+    tick for a running thread) and how often it gave up its CPU itself: slept, waited for a
+    lock or for I/O (``getrusage(RUSAGE_THREAD)``); -1 each for another thread or where
+    unknown. Returned as ``(cpu, waited, slept)``, ``(-1, 0, -1)`` where there is none.
+
+    A speculative call's duration is judged without what the machine did to it: a
+    profiler's start wakes its threads, and on a busy machine (or a virtual one, whose host
+    takes the CPU away) the call's thread then stays off its CPU for a scheduler tick (4 ms),
+    which its profile cannot explain."""
+    if _schedstat and not _schedstat[0]:
+        return (-1, 0, -1)
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            wait = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        if not _schedstat:
+            _schedstat.append(os.path.exists("/proc/self/schedstat"))
+        return (-1, 0, -1)
+    if not _schedstat:
+        _schedstat.append(True)
+    if tid != threading.get_native_id():
+        return (-1, wait, -1)
+    slept = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw if _RUSAGE_THREAD is not None else -1
+    return (time.thread_time_ns(), wait, slept)
 
 
 class _Label:
@@ -150,7 +196,7 @@ class LatencyBook:
         if self.slow_ns is not None:
             return self.slow_ns
         base = min(max(entry.p95, _LOW * entry.p50), _HIGH * entry.p50)
-        return int(max(base, _LOW * entry.last(_RECENT), entry.p50 + _JITTER_NS))
+        return int(max(base, _LOW * entry.last(_LATEST), entry.p50 + _JITTER_NS))
 
     def p50_ms(self, label: str) -> float | None:
         """The label's recent unprofiled median, in ms (None: no calls noted yet)."""
@@ -180,9 +226,11 @@ class LatencyBook:
         speculative calls), no call is kept: a profiled call is not compared with unprofiled
         ones before it can be brought to their scale. The rest is compared with ``slow_ms``
         as given, else with the label's threshold (:meth:`_limit`) and twice the median of
-        its latest speculative calls (on the same scale): when the whole process slows down
-        (a burst of load, a garbage collection) every call slows down, and a call only as
-        slow as its neighbours is not kept.
+        its latest 64 speculative calls (on the same scale): when the whole process slows
+        down (a burst of load, a garbage collection) every call slows down, and a call only
+        as slow as its neighbours is not kept. (Not the latest 8: on an event loop the slow
+        calls of a crowded window end last, one after another, and each would raise the bar
+        for the next.)
         """
         label = escape(label)
         entry = self._labels.get(label)
@@ -191,7 +239,7 @@ class LatencyBook:
         self._quantiles(label)
         added = self.overhead_ns(label)
         profiled = entry.profiled
-        neighbours = _median(profiled[-_RECENT:]) if len(profiled) >= _RECENT else 0
+        neighbours = _median(profiled) if len(profiled) >= _RECENT else 0
         profiled.append(ns)
         if len(profiled) > _PROFILED:
             del profiled[0]

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._records import CallRecord, Policy
 from .._stats import Stats
-from .slow import LatencyBook
+from .slow import LatencyBook, sched_ns
 
 __all__ = ["judge"]
 
@@ -19,7 +19,9 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     (the observer effect); a speculative call is kept when slower than the threshold.
 
     What the export worker took of the call's time (its busy time while the call ran: it
-    holds the GIL while it summarises) does not count; what the profiler added to the call
+    holds the GIL while it summarises) does not count, nor does the time its thread waited
+    for a CPU (:func:`profkit._targeting.slow.waited_ns`: a profiler's start stalls the call
+    a scheduler tick on a busy machine); what the profiler added to the call
     is taken off by the book (:meth:`LatencyBook.judge`). A call still running when its
     window is cut short is judged on its time until the cut (the slowest calls outlast a
     window).
@@ -32,7 +34,7 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     limit = None
     if root is not None:  # (end_ns: the end, or the cut)
         start = max(root.start_ns, call.entered_ns)  # after the range's start (it stalls)
-        took = root.end_ns - start - (busy_ns() - call.worker_busy_ns)
+        took = _own_ns(call, root.end_ns - start, busy_ns() - call.worker_busy_ns)
         limit = book.judge(label, took)
     if limit is not None:
         call.slow_threshold_ms = limit / 1e6
@@ -42,3 +44,23 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
         # its per-op recording is profkit's cost too: the worker, which charges a read
         # window's, never sees a released call (the profiled-less-unprofiled median)
         stats.cpu.charge(book.inflation_ns(label) / 1e9)
+
+
+def _own_ns(call: CallRecord, wall: int, busy: int) -> int:
+    """The call's wall time less what the machine and profkit's worker took of it.
+
+    Its thread's waits for a CPU are taken off. A call whose thread never gave up its CPU
+    itself meanwhile (no sleep, no lock or I/O wait: no voluntary context switch) is its CPU
+    time: the rest was taken from it (a preemption, a virtual machine's host). Else the
+    export worker's busy time meanwhile is taken off too, all of it (while the worker holds
+    the GIL the call's thread sleeps; bounding it by the call's time off a CPU kept a fast
+    call that the worker had slowed down, CPU time included).
+    """
+    if not call.tid:
+        return wall - busy
+    cpu0, wait0, slept0 = call.sched_ns
+    cpu, wait, slept = sched_ns(call.tid)
+    waited = max(0, wait - wait0)
+    if cpu0 >= 0 and cpu >= 0 and slept0 >= 0 and slept == slept0:
+        return min(wall - waited, max(0, cpu - cpu0))
+    return wall - waited - busy
