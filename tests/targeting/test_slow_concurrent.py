@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -27,14 +26,6 @@ from profkit._label import scope as _scope
 from profkit._targeting import slow as _slow
 from profkit._targeting import verdict as _verdict
 from profkit.testing import capture
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_slow_calls_of_concurrent_tasks_on_one_loop_are_kept(one_thread: None) -> None:

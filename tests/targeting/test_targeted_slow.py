@@ -50,15 +50,6 @@ def _was_slow(call: profkit.CallSummary) -> bool:
     return bool(call.scopes[1].attributes["slow"])
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Intra-op threads off: the test's timing is then the handler's, not the scheduler's."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_slow_calls_are_captured_and_fast_ones_released(monkeypatch: pytest.MonkeyPatch) -> None:
     """About 1 call in 20 is ten times slower: those are kept as slow, the others released."""
