@@ -10,9 +10,18 @@ The share is that CPU time over the process's (``time.process_time``: every thre
 last 9-10 seconds: checkpoints are taken at most once a second and the oldest of the last
 ten is the interval's start. What is not charged, because it cannot be told apart from the
 host's own work: the off-sample cost of each root call (well under a microsecond; see
-docs/performance.md), the root call's own ``record_function`` ranges, and the span
-processor's own export thread. The profiler's per-op recording on the sampled thread is
-charged as the window's event count times a per-event cost measured once per process.
+docs/performance.md) and the span processor's own export thread.
+
+A sampled call itself, while its window records (from the decision to its end: the
+profiler's per-op recording, the root's ``record_function`` ranges, whatever the code does
+more under a profiler), is charged what it cost on its own thread beyond what the same
+label's calls cost unprofiled: its thread's CPU time less its label's *baseline*, the median
+CPU time of the label's last control calls (:class:`Baselines`; under ``sample_every`` the
+call right after each pick is one, :data:`profkit._sampling.CONTROL`). The same per-op
+recording measured on a quiet main thread at ``prime()`` said a tenth of that on a pool
+thread beside busy neighbours (docs/performance.md). A call with no baseline yet (its
+label's first window, a ratio sampler, a coroutine or generator root, a window's later
+calls) is charged as before: the window's event count times that per-event cost.
 """
 
 from __future__ import annotations
@@ -22,12 +31,16 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["CpuMeter"]
+__all__ = ["MAX_BASELINES", "Baselines", "Control", "CpuMeter"]
 
 #: wall seconds between two checkpoints
 _STEP_S = 1.0
 #: checkpoints kept: the interval is the last 9-10 seconds
 _MARKS = 10
+#: a label's control calls kept: its baseline is their median
+_CONTROLS = 9
+#: labels with a baseline at once; a new one past them pushes out the one noted longest ago
+MAX_BASELINES = 256
 
 
 class CpuMeter:
@@ -66,3 +79,70 @@ class CpuMeter:
         _, cpu0, spent0 = marks[0]
         used = cpu - cpu0
         return (spent - spent0) / used if used > 0 else 0.0
+
+
+class Baselines:
+    """Each label's unprofiled CPU time per root call on its own thread (ns): the median of
+    its last ``_CONTROLS`` control calls. Bounded: past ``MAX_BASELINES`` labels, the label
+    noted longest ago goes (labels built from user input cannot grow it, nor lock it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_label: dict[str, collections.deque[int]] = {}
+
+    def note(self, label: str, cpu_ns: int) -> None:
+        """A control call of ``label`` took ``cpu_ns`` of its thread's CPU time."""
+        with self._lock:
+            by_label = self._by_label
+            kept = by_label.pop(label, None)  # re-inserted last: the order is the last note's
+            if kept is None:
+                if len(by_label) >= MAX_BASELINES:
+                    del by_label[next(iter(by_label))]
+                kept = collections.deque(maxlen=_CONTROLS)
+            kept.append(cpu_ns)
+            by_label[label] = kept
+
+    def get(self, label: str) -> int | None:
+        """``label``'s baseline in ns, or None before its first control call."""
+        with self._lock:
+            kept = self._by_label.get(label)
+            values = sorted(kept) if kept else None
+        return values[len(values) // 2] if values else None
+
+
+class Control:
+    """An unprofiled root call timed on its thread's CPU clock, for its label's baseline
+    (and on the wall clock for ``timed``, the sink of every unprofiled call that is timed:
+    the latency book, the metrics; None when neither is on)."""
+
+    __slots__ = ("baselines", "cpu0", "done", "key", "label", "t0", "thread", "timed")
+
+    def __init__(
+        self,
+        baselines: Baselines,
+        timed: Callable[[tuple[str, int]], None] | None,
+        label: str,
+        key: str,
+    ) -> None:
+        """``label`` as the scope was given it (``timed``'s key), ``key`` as its summary
+        names it (the baseline's: what a sampled call's root scope records)."""
+        self.baselines, self.timed, self.label, self.key = baselines, timed, label, key
+        self.done = False
+        self.thread = threading.get_ident()
+        self.t0 = time.perf_counter_ns()
+        self.cpu0 = time.thread_time_ns()
+
+    def end(self) -> None:
+        """The call returned (or raised): note its CPU time (on the thread that began it), once."""
+        if self.done:
+            return
+        self.done = True
+        cpu = time.thread_time_ns() - self.cpu0
+        if threading.get_ident() == self.thread:
+            self.baselines.note(self.key, cpu)
+        if self.timed is not None:
+            self.timed((self.label, time.perf_counter_ns() - self.t0))
+
+    def close_scopes(self) -> None:
+        """Nothing to close (the scope protocol of an interrupted root call)."""
+        return None

@@ -140,6 +140,12 @@ class CallRecord:
     counted once, however often an interrupted step is retried."""
     batch: BatchSummary | None = None
     """A batch root call (``profkit.batch``): its members and their shares."""
+    cpu_start_ns: int = 0
+    """A plain synchronous sampled root: its thread's CPU time (``thread_time_ns``) when the
+    decision returned; 0: not timed (see :mod:`profkit._overhead`)."""
+    cpu_charged: bool = False
+    """Its CPU time beyond its label's baseline was charged to profkit when it ended (then
+    the window's per-event estimate is not charged for it)."""
 
     @classmethod
     def begin(cls, policy: Policy, parent: Any, sampler: str = "") -> CallRecord:

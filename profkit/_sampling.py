@@ -21,6 +21,7 @@ from ._compat import peek_count
 __all__ = [
     "ASK",
     "COLD",
+    "CONTROL",
     "MAX_LABELS",
     "MAX_PENDING",
     "EveryN",
@@ -76,6 +77,10 @@ class _Mark:
 COLD: Any = _Mark("cold")
 #: a label's answer once warm under a ratio: the trace id (or the RNG) decides
 ASK: Any = _Mark("ask")
+#: the answer right after each of a label's picks under ``sample_every``: not profiled, but
+#: timed on its thread's CPU clock, the label's unprofiled cost that the sampled call's own
+#: CPU time is charged against (:class:`profkit._overhead.Baselines`)
+CONTROL: Any = _Mark("control")
 
 Picks: TypeAlias = Iterator[Any]
 
@@ -108,15 +113,21 @@ class LabelPicks:
         return by_label.setdefault(label, self._make())
 
 
+#: :class:`EveryN`'s answers past ``_CYCLE_MAX``, by ``i % N`` (any other: ``False``)
+_EVERY_N_ANSWERS: dict[int, Any] = {0: True, 1: CONTROL}
+
+
 class EveryN:
     """Profile calls K, K+N, K+2N, ... of each label (K: ``cold``): exactly
     ``ceil((calls - K) / N)`` samples of a label's ``calls`` root calls.
 
     Counting per label keeps periodic traffic from aliasing with N (two labels in strict
     alternation at N=10 would otherwise give one label every sample and the other none).
-    A label's iterator yields :data:`COLD` ``cold`` times, then ``True`` once in N: a cycle
-    of N answers for N up to 256, else ``not (i % N)`` over a count (both C iterators).
-    ``cold`` is ignored at N=1 (profile every call).
+    A label's iterator yields :data:`COLD` ``cold`` times, then ``True`` once in N, the
+    answer after it :data:`CONTROL` (a ``False`` all the same: not profiled, but timed as the
+    label's baseline): a cycle of N answers for N up to 256, else a lookup of ``i % N``
+    over a count (both C iterators). ``cold`` is ignored at N=1 (profile every call: no
+    unprofiled call to compare with).
     """
 
     def __init__(self, n: int, cold: int = 0) -> None:
@@ -129,10 +140,13 @@ class EveryN:
     def picks(self) -> Picks:
         """A new label's answers, one per root call."""
         n = self.n
-        if n <= _CYCLE_MAX:
-            warm: Picks = itertools.cycle([True] + [False] * (n - 1))
-        else:
-            warm = map(operator.not_, map(operator.mod, itertools.count(), itertools.repeat(n)))
+        if n == 1:
+            warm: Picks = itertools.repeat(True)
+        elif n <= _CYCLE_MAX:
+            warm = itertools.cycle([True, CONTROL] + [False] * (n - 2))
+        else:  # answers.get(i % n, False), in C
+            counts = map(operator.mod, itertools.count(), itertools.repeat(n))
+            warm = map(_EVERY_N_ANSWERS.get, counts, itertools.repeat(False))
         return itertools.chain(itertools.repeat(COLD, self.cold), warm) if self.cold else warm
 
     def decide(self, trace_id: int | None) -> bool:

@@ -9,6 +9,8 @@ is the decision itself; ``end_root`` hands a call back to the owner of its windo
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,7 @@ from ._export.fanout import Fanout, build_exporters
 from ._export.metrics import Metrics
 from ._export.pipeline import ExportPipeline
 from ._export.processing import Processor
+from ._overhead import Control
 from ._records import CallRecord
 from ._sampling import Triggered
 from ._stats import Stats
@@ -95,9 +98,11 @@ class Session(Decider):
         A timed unprofiled call (``capture_slow``) goes into the latency book; a speculative
         call is judged: slow, it is sampled (policy "slow"), else released unread.
         """
-        if isinstance(call, Timed):
+        if isinstance(call, (Timed, Control)):
             call.end()
             return
+        if call.cpu_start_ns:
+            self._charge_own_cpu(call)
         call.error = error
         call.stopped = True
         call.done = True
@@ -106,6 +111,19 @@ class Session(Decider):
         if self.metrics is not None:
             self.metrics.ended(call, call.scopes[0].label if call.scopes else "?")
         self.keeper.ended(call, self.active)
+
+    def _charge_own_cpu(self, call: CallRecord) -> None:
+        """A sampled plain root ended on its thread: charge its CPU time beyond its label's
+        baseline (nothing yet without one: the window's estimate is charged instead)."""
+        if call.window is None or call.window.owner != threading.get_ident() or not call.scopes:
+            return
+        key = call.scopes[0].label
+        base = self.controls.baselines.get(key)
+        self.controls.sampled_ended(key)
+        if base is not None:
+            spent = time.thread_time_ns() - call.cpu_start_ns
+            self.stats.cpu.charge(max(0, spent - base) / 1e9)
+            call.cpu_charged = True
 
     def start(self) -> None:
         """Install the process hooks, prime the profiler (once per process) and start the

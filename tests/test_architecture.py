@@ -237,17 +237,22 @@ def test_one_module_owns_a_windows_life() -> None:
 
 
 def test_begin_root_returns_one_decision_type() -> None:
-    """The decision is one typed value: OFF, TIMED with a start, or PROFILED with a call."""
+    """The decision is one typed value: OFF, TIMED with a start, CONTROLLED with its
+    timer (the call after a pick), or PROFILED with a call."""
     from profkit._capture.decide import OFF, Kind
+    from profkit._overhead import Control
 
-    with profkit.testing.capture(sample_every=2, exporters=()):
+    with profkit.testing.capture(sample_every=3, cold_calls=0, exporters=()):
         session = profkit._global.get_session()
         assert session is not None
         first = session.begin_root("x")
         assert Kind.PROFILED is first[0]
         second = session.begin_root("x")  # (another root call while the first one runs)
         session.end_root(first[1], None)
-    assert OFF is second
+        third = session.begin_root("x")
+    assert Kind.CONTROLLED is second[0]
+    assert isinstance(second[1], Control)
+    assert OFF is third
     assert typing.get_type_hints(type(session).begin_root)["return"]
 
 

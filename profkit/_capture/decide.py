@@ -28,10 +28,16 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    or starts (``skipped_foreign``), the rate cap has a token (``skipped_rate_limit``).
    A cold call nobody asked for stops here: ``OFF`` (neither timed nor speculative: it is
    not the label's baseline).
-5. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
+5. The call right after each of a label's picks under ``sample_every`` (the label's answer
+   :data:`profkit._sampling.CONTROL`), a plain synchronous root (not a generator's, a
+   batch's, nor one on a thread running an asyncio loop): ``(CONTROL, Control)``, not
+   profiled but timed on its thread's CPU clock, the label's baseline that its sampled
+   calls' own CPU time is charged against (:mod:`profkit._overhead`). Its wall-clock time
+   goes where a ``TIMED`` call's goes.
+6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
    the same gates allow (refusals are not counted: nothing was sampled), else the call is
    ``TIMED``.
-6. Otherwise ``OFF``.
+7. Otherwise ``OFF``.
 
 With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
 decision ends (``profkit.call.duration`` counts every root call): inline on the usual path,
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import time
+from asyncio import _get_running_loop
 from typing import Any, TypeAlias
 
 from opentelemetry.trace import SpanContext, TraceFlags
@@ -52,14 +59,27 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
 from .._config import Config
 from .._export.pipeline import ExportPipeline
+from .._overhead import MAX_BASELINES, Baselines, Control
 from .._records import CallRecord, Policy
-from .._sampling import ASK, COLD, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
+from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
+from .._text import escape
 from .keeper import WindowKeeper, held_here
 from .slot import SLOT
 
-__all__ = ["OFF", "PROFILED", "TIMED", "Decider", "Decision", "Kind", "asks_to_profile"]
+__all__ = [
+    "CONTROLLED",
+    "OFF",
+    "PROFILED",
+    "TIMED",
+    "Controls",
+    "Decider",
+    "Decision",
+    "Gate",
+    "Kind",
+    "asks_to_profile",
+]
 
 _SAMPLED = TraceFlags.SAMPLED
 _YES = frozenset({"1", "true", "yes"})
@@ -74,15 +94,17 @@ class Kind(enum.Enum):
 
     OFF = "off"
     TIMED = "timed"
+    CONTROLLED = "control"
     PROFILED = "profiled"
 
 
-#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)`` or ``(Kind.PROFILED,
-#: CallRecord)``: a tuple, so that the off-sample path returns one shared constant and a
-#: timed call builds no object of its own
+#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)``, ``(Kind.CONTROLLED,
+#: Control)`` or ``(Kind.PROFILED, CallRecord)``: a tuple, so that the off-sample path
+#: returns one shared constant and a timed call builds no object of its own
 Decision: TypeAlias = tuple[Kind, Any]
 OFF: Decision = (Kind.OFF, None)
 TIMED = Kind.TIMED
+CONTROLLED = Kind.CONTROLLED
 PROFILED = Kind.PROFILED
 
 
@@ -100,6 +122,71 @@ def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
         return TraceIdRatio(config.sample_rate, cold=config.cold_calls)
     return EveryN(config.every or 100, cold=config.cold_calls)
+
+
+class Gate:
+    """The gates before a window (rule 4): the export queue has room, profkit is within its
+    CPU budget (``max_overhead``)."""
+
+    def __init__(self, config: Config, stats: Stats, pipeline: ExportPipeline) -> None:
+        self._stats = stats
+        self._pipeline = pipeline
+        self._budget = config.max_overhead
+        #: ``time.monotonic()`` until which profkit is known to be over its budget
+        self._over_until = 0.0
+
+    def refused(self) -> str | None:
+        """The gate before a window: the queue has room, profkit is within its budget."""
+        if self._pipeline.full():
+            return "skipped_backlog"
+        if self._budget is not None and self.over_budget():
+            return "skipped_budget"
+        return None
+
+    def over_budget(self) -> bool:
+        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
+        without asking (the share reads the process's CPU clock, a system call)."""
+        now = time.monotonic()
+        if now < self._over_until:
+            return True
+        assert self._budget is not None
+        if self._stats.cpu.share() >= self._budget:
+            self._over_until = now + _OVER_RECHECK_S
+            return True
+        return False
+
+
+class Controls:
+    """The control calls (rule 5): each label's baseline (:class:`Baselines`), and the labels
+    whose next unprofiled call is one, marked as a sampled call of theirs ends where the
+    sampler gives no :data:`CONTROL` answers of its own (``sample_every=1``, a ratio)."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.baselines = Baselines()
+        #: labels as summaries name them (escaped); bounded like the baselines
+        self.due: set[str] = set()
+        self._marks = not (isinstance(sampler, EveryN) and sampler.n > 1)
+
+    def make(self, label: str, timed: Any, key: str | None = None) -> Decision | None:
+        """A control call of ``label`` from here, unless an asyncio loop runs on this thread
+        (a coroutine root's CPU time there is other tasks' too)."""
+        if _get_running_loop() is not None:
+            return None
+        return (CONTROLLED, Control(self.baselines, timed, label, key or escape(label)))
+
+    def take_due(self, label: str, timed: Any) -> Decision | None:
+        """A control call if ``label`` is due one (then no longer), else None."""
+        key = escape(label)
+        if key not in self.due:
+            return None
+        made = self.make(label, timed, key)
+        self.due.discard(key)
+        return made
+
+    def sampled_ended(self, key: str) -> None:
+        """A sampled plain root of ``key`` ended: its label's next unprofiled call is due."""
+        if self._marks and len(self.due) < MAX_BASELINES:
+            self.due.add(key)
 
 
 class Decider:
@@ -137,9 +224,12 @@ class Decider:
         #: nor ``metrics``: one attribute read, as before either existed); ``_CLOCK``, timed
         #: (``metrics`` alone); else ``True``, speculated on (``capture_slow``)
         self._tail: Any = True if book is not None else self._clock
-        self._budget = config.max_overhead
-        #: ``time.monotonic()`` until which profkit is known to be over its budget
-        self._over_until = 0.0
+        self._refused = Gate(config, stats, pipeline).refused
+        #: the control calls: each label's baseline, the labels due one (read: one attribute)
+        self.controls = Controls(self._sampler)
+        self.control_due = self.controls.due
+        #: the sink of an unprofiled call's wall-clock time (the Session sets it: ``timed``)
+        self.timed: Any = None
 
     def decide(self, label: str, speculate: bool = True) -> Decision:
         """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
@@ -159,18 +249,25 @@ class Decider:
         # the label's answer for this call (its own 1 in N, or cold): a dict lookup, a next()
         pick = next(self._by_label.get(label) or self._first(label))
         if self.triggered.pending:
-            call = self._triggered(label, parent, pick is COLD)
+            call = self._triggered(label, parent, pick is COLD, speculate)
             if call is not None:
                 return (PROFILED, call)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
-            return self._open(Policy.BAGGAGE, parent, pick is COLD)
-        if pick is True:
-            return self._open(Policy.SAMPLER, parent)
-        if pick is ASK:
-            if self._sample(parent.trace_id if parent and parent.is_valid else None):
-                return self._open(Policy.SAMPLER, parent)
-        elif pick is COLD:  # not speculative, not the label's baseline (timed for metrics)
-            return self._off()
+            return self._open(Policy.BAGGAGE, parent, pick is COLD, speculate)
+        if pick is not False:  # the usual answer: one comparison
+            if pick is True:
+                return self._open(Policy.SAMPLER, parent, False, speculate, label)
+            if pick is ASK:
+                if self._sample(parent.trace_id if parent and parent.is_valid else None):
+                    return self._open(Policy.SAMPLER, parent, False, speculate, label)
+                if self.control_due and speculate:
+                    return self.controls.take_due(label, self.timed) or self._off()
+            elif pick is COLD:  # not speculative, not the label's baseline (timed for metrics)
+                return self._off()
+            elif pick is CONTROL and speculate:
+                made = self.controls.make(label, self.timed)
+                if made is not None:
+                    return made
         tail = self._tail
         if tail is None:
             return OFF
@@ -178,13 +275,20 @@ class Decider:
             return (TIMED, tail())
         return self._speculate(label, parent) if speculate else self._off()
 
+    def _refused_call(self, label: str, sync: bool) -> Decision:
+        """A picked call that gets no window: a control call if its label is due one."""
+        made = self.controls.take_due(label, self.timed) if sync and self.control_due else None
+        return made or self._off()
+
     def _off(self) -> Decision:
         """A call left unprofiled: ``OFF``, or timed from here with ``metrics`` (every root
         call's duration, whatever the reason it was not profiled)."""
         clock = self._clock
         return OFF if clock is None else (TIMED, clock())
 
-    def _triggered(self, label: str, parent: SpanContext | None, cold: bool) -> CallRecord | None:
+    def _triggered(
+        self, label: str, parent: SpanContext | None, cold: bool, sync: bool
+    ) -> CallRecord | None:
         """A pending trigger for ``label``: a window, while the slot is free and the queue has
         room (a closure here, not in ``decide``: its cells would cost every root call)."""
         trig = self.triggered
@@ -193,6 +297,8 @@ class Decider:
         call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
         if call is not None:
             call.cold = cold
+            if sync and _get_running_loop() is None:
+                call.cpu_start_ns = time.thread_time_ns()
         return call
 
     def refresh_after_fork(self) -> None:
@@ -230,16 +336,27 @@ class Decider:
         call.cold = cold
         return (PROFILED, call)
 
-    def _open(self, policy: Policy, parent: SpanContext | None, cold: bool = False) -> Decision:
-        """A sampled (or baggage-asked) call: the gates, then a window of its own."""
+    def _open(
+        self,
+        policy: Policy,
+        parent: SpanContext | None,
+        cold: bool = False,
+        sync: bool = False,
+        label: str = "",
+    ) -> Decision:
+        """A sampled (or baggage-asked) call: the gates, then a window of its own (``sync``:
+        a plain root, timed on its thread's CPU clock where no asyncio loop runs; refused,
+        it may be its label's control call)."""
         refused = self._refused()
         if refused is not None:
             next(self._stats.refused[refused])
-            return self._off()
+            return self._refused_call(label, sync)
         call = self._keeper.open(policy, parent, sampler=self._sampler.description)
         if call is None:
-            return self._off()
+            return self._refused_call(label, sync)
         call.cold = cold
+        if sync and _get_running_loop() is None:
+            call.cpu_start_ns = time.thread_time_ns()
         return (PROFILED, call)
 
     def open_asked(self) -> Decision:
@@ -252,26 +369,6 @@ class Decider:
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             return self._off()
         return self._open(Policy.BAGGAGE, parent)
-
-    def _refused(self) -> str | None:
-        """The gate before a window: the queue has room, profkit is within its budget."""
-        if self._pipeline.full():
-            return "skipped_backlog"
-        if self._budget is not None and self._over_budget():
-            return "skipped_budget"
-        return None
-
-    def _over_budget(self) -> bool:
-        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
-        without asking (the share reads the process's CPU clock, a system call)."""
-        now = time.monotonic()
-        if now < self._over_until:
-            return True
-        assert self._budget is not None
-        if self._stats.cpu.share() >= self._budget:
-            self._over_until = now + _OVER_RECHECK_S
-            return True
-        return False
 
     def _speculate(self, label: str, parent: SpanContext | None) -> Decision:
         """capture_slow: a speculative window for this call, or else time it."""

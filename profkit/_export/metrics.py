@@ -36,6 +36,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 
+from .._compat import SPAN_KEY as _SPAN_KEY
 from .._model import CallSummary
 from .._records import CallRecord
 from .._stats import Stats
@@ -78,6 +79,7 @@ _OUTCOMES = (
     "speculative_released",
 )
 _EMPTY = otel_context.Context()
+_SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 
 
 class _Instruments:
@@ -272,12 +274,23 @@ class Metrics:
             record(ns / 1e9, labels.get(label) or self._label(label), _EMPTY)
 
     def _release_held(self, release_all: bool) -> None:
+        """Durations whose window never reached the exporters, past ``_HOLD_S`` (or all).
+
+        ``_held`` is in the order the calls ended (a dict keeps insertion order, and
+        ``since`` only grows), so the scan stops at the first one still waiting: a drain
+        costs what it releases, not what is held.
+        """
         if not self._held:
             return
         cutoff = time.monotonic() - _HOLD_S
+        keys: list[tuple[int, int]] = []
         with self._held_lock:
-            keys = [k for k, v in self._held.items() if release_all or v[2] < cutoff]
-            released = [self._held.pop(k) for k in keys]
+            held = self._held
+            for key, value in held.items():
+                if not release_all and value[2] >= cutoff:
+                    break
+                keys.append(key)
+            released = [held.pop(key) for key in keys]
         for label, ns, _ in released:
             self._duration.record(ns / 1e9, self._label(label), _EMPTY)
 
@@ -329,9 +342,7 @@ def _exemplar(call: CallSummary) -> Any:
     if not call.trace_id or not call.span_id:
         return _EMPTY
     ctx = trace.SpanContext(
-        int(call.trace_id, 16),
-        int(call.span_id, 16),
-        is_remote=False,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        int(call.trace_id, 16), int(call.span_id, 16), is_remote=False, trace_flags=_SAMPLED
     )
-    return trace.set_span_in_context(trace.NonRecordingSpan(ctx), _EMPTY)
+    return otel_context.Context({_SPAN_KEY: trace.NonRecordingSpan(ctx)})  # what
+    # trace.set_span_in_context(span) makes from an empty context, without copying it

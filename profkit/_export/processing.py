@@ -49,8 +49,10 @@ class Processor:
         except Unreadable as exc:
             return exc.reason
         cfg = self.config
-        # the profiler's per-op recording on the window's thread: profkit's cost too
-        self.stats.cpu.charge(read.recording_s)
+        # the profiler's per-op recording on the window's thread: profkit's cost too, unless
+        # every call was charged what it cost on its own thread (profkit._overhead)
+        if not (win.calls and all(call.cpu_charged for call in win.calls)):
+            self.stats.cpu.charge(read.recording_s)
         calls = build_calls(
             win.id,
             win.calls,

@@ -31,11 +31,12 @@ from typing import Any
 from torch.autograd.profiler import record_function
 
 from .. import _errors
+from .._capture.decide import CONTROLLED, PROFILED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
-from .._capture.decide import PROFILED, TIMED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.slot import SLOT
 from .._model import CodeInfo
+from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
 from .._text import escape
@@ -140,7 +141,8 @@ def _count(session: Any, reason: str, exc: Exception) -> None:
 def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True) -> Any:
     """Enter a scope in the current context; pass what it returns to :func:`exit_`.
 
-    Returns None (nothing to undo), ``OFF`` or a :class:`Timed` (unsampled) or an :class:`Active`.
+    Returns None (nothing to undo), ``OFF``, a :class:`Timed` or a :class:`Control` (unsampled)
+    or an :class:`Active`.
     """
     frame = FRAME.get()
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
@@ -162,6 +164,8 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
             kind, what = decision
             if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
                 return Timed(session.timed, label, what)
+            if kind is CONTROLLED:  # unprofiled, timed for its label's baseline
+                return what
             call = what
             return _open(call, None, session, label, attributes, code)
         except BaseException as exc:
@@ -232,7 +236,7 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         if restore:
             FRAME.set(None)
         return
-    if entered.__class__ is Timed:  # capture_slow's timed unprofiled root call
+    if entered.__class__ is Timed or entered.__class__ is Control:  # an unprofiled root, timed
         FRAME.set(None) if restore else None
         entered.end()
         return
@@ -300,6 +304,7 @@ def sync_call(
     pk_open, pk_internal = _open, _errors.internal
     pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
+    pk_controlled = CONTROLLED
     pk_abandoned, pk_now = _abandoned, time.perf_counter_ns
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
@@ -354,6 +359,9 @@ def sync_call(
             elif decision[0] is pk_timed:
                 pk_reset(token) if token is not None else pk_set(None)
                 session.timed((pk_label, pk_now() - decision[1]))  # a C call (metrics)
+            elif decision[0] is pk_controlled:  # timed for the label's baseline
+                pk_reset(token) if token is not None else pk_set(None)
+                decision[1].end()
             else:
                 try:
                     pk_leave_root(entered, decision[1], session, error)

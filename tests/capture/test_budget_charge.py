@@ -1,0 +1,162 @@
+"""What the budget charges a sampled call: its own CPU time beyond its label's unprofiled calls.
+
+Code under a profiler can cost far more than the per-op recording measured once at
+``prime()`` says (issue 22: a pool thread beside busy neighbours spent 10x it), so a
+sampled plain root call is charged its thread's CPU time less its label's baseline, the
+median of its control calls (the call after each pick under ``sample_every``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+
+import profkit
+from profkit._global import get_session
+from profkit.testing import capture
+
+BURN_S = 0.02
+
+
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+def _profiler_on() -> bool:
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def test_a_sampled_call_is_charged_the_cpu_it_cost_beyond_its_unprofiled_calls() -> None:
+    """A handler that spends 20 ms more CPU when it runs under the profiler (as code whose
+    ops record slowly does) is charged at least that, once its label has a baseline."""
+    x = torch.ones(8)
+
+    @profkit.profiled("costly_when_profiled")
+    def handler() -> torch.Tensor:
+        y = x.add(1)
+        if _profiler_on():
+            _burn(BURN_S)
+        return y
+
+    with capture(sample_every=5, cold_calls=0, exporters=()) as cap:
+        session = get_session()
+        assert session is not None
+        for _ in range(50):
+            handler()
+        session.force_flush(10.0)
+        spent = session.stats.cpu.spent
+    assert cap.stats["exported"] == 10
+    # the first window comes before the label's first control call: charged the estimate
+    assert spent >= 9 * BURN_S * 0.9, f"charged {spent * 1000:.1f} ms for 10 windows"
+
+
+def test_the_users_own_cost_is_not_charged_to_profkit() -> None:
+    """A handler that spends 20 ms whether profiled or not: a window is charged what the
+    profiler added, not the handler's own 20 ms."""
+    x = torch.ones(8)
+
+    @profkit.profiled("costly_always")
+    def handler() -> torch.Tensor:
+        _burn(BURN_S)
+        return x.add(1)
+
+    with capture(sample_every=5, cold_calls=0, exporters=()) as cap:
+        session = get_session()
+        assert session is not None
+        for _ in range(30):
+            handler()
+        session.force_flush(10.0)
+        spent = session.stats.cpu.spent
+        baseline = session.controls.baselines.get("costly_always")
+    assert cap.stats["exported"] == 6
+    assert baseline is not None
+    assert baseline >= BURN_S * 1e9 * 0.9
+    # each window: the profiler's start and stop, the worker's step: a few ms, not 20
+    assert spent < 6 * BURN_S * 0.5, f"charged {spent * 1000:.1f} ms for 6 windows"
+
+
+def test_the_call_after_each_pick_is_the_control_and_sampling_stays_exact() -> None:
+    """At sample_every=4, calls 0, 4, 8, ... are profiled and 1, 5, 9, ... are the label's
+    control calls (timed, not profiled): the sample count is exact, and each label keeps
+    its own baseline."""
+    with capture(sample_every=4, cold_calls=0, exporters=()) as cap:
+
+        @profkit.profiled("a")
+        def a() -> None:
+            _burn(0.002)
+
+        @profkit.profiled("b")
+        def b() -> None:
+            _burn(0.006)
+
+        for _ in range(40):
+            a()
+            b()
+        session = get_session()
+        assert session is not None
+        base_a, base_b = session.controls.baselines.get("a"), session.controls.baselines.get("b")
+    assert cap.stats["exported"] == 20
+    assert cap.stats["root_calls"] == 80
+    assert base_a is not None
+    assert base_b is not None
+    assert 0.0018e9 <= base_a < base_b
+    assert base_b >= 0.0054e9
+
+
+def test_no_control_on_an_event_loop_nor_for_every_call() -> None:
+    """A coroutine root's CPU time on its loop's thread is other tasks' too: never a
+    control. At sample_every=1 there is no unprofiled call to compare with."""
+
+    @profkit.profiled("async_handler")
+    async def handler() -> None:
+        await asyncio.sleep(0)
+
+    async def main() -> None:
+        for _ in range(12):
+            await handler()
+
+    with capture(sample_every=3, cold_calls=0, exporters=()):
+        asyncio.run(main())
+        session = get_session()
+        assert session is not None
+        assert session.controls.baselines.get("async_handler") is None
+
+    @profkit.profiled("every")
+    def every() -> None:
+        pass
+
+    with capture(sample_every=1, exporters=()) as cap:
+        for _ in range(5):
+            every()
+        session = get_session()
+        assert session is not None
+        assert session.controls.baselines.get("every") is None
+    assert cap.stats["exported"] == 5
+
+
+def test_at_sample_every_1_a_call_the_budget_refused_is_the_control() -> None:
+    """With no unprofiled pick to compare with (``sample_every=1``), the first call a gate
+    turns away after a sampled one is its label's control call."""
+
+    @profkit.profiled("budgeted")
+    def handler() -> None:
+        _burn(0.003)
+
+    with capture(sample_every=1, max_overhead=1e-6, exporters=()) as cap:
+        session = get_session()
+        assert session is not None
+        handler()  # profiled: nothing was charged before it
+        assert session.controls.baselines.get("budgeted") is None
+        session.force_flush(10.0)
+        for _ in range(3):
+            handler()  # over the budget from now on: skipped, the first one a control
+        baseline = session.controls.baselines.get("budgeted")
+    assert cap.stats["exported"] == 1
+    assert cap.stats["skipped_budget"] == 3
+    assert baseline is not None
+    assert baseline >= 0.0027e9
