@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick --no-write   # print only
 
 Each section runs in its own fresh interpreter (``bench/<section>.py --json``): overhead,
-sampled, first_call, export, slow, budget, e2e. The markdown goes to stdout, to
+sampled, first_call, export, slow, budget, budget_load, e2e. The markdown goes to stdout, to
 ``bench/out/results.md`` (raw numbers in ``bench/out/results.json``) and into
 ``docs/performance.md`` between the ``<!-- bench:start -->`` and ``<!-- bench:end -->``
 markers; SVG plots of them (``bench/plots.py``) go to ``bench/out/`` and, with the docs,
@@ -36,7 +36,7 @@ DOC = ROOT / "docs" / "performance.md"
 PLOTS = ROOT / "docs" / "images" / "bench"
 START = "<!-- bench:start -->"
 END = "<!-- bench:end -->"
-SECTIONS = ("overhead", "sampled", "first_call", "export", "slow", "budget", "e2e")
+SECTIONS = ("overhead", "sampled", "first_call", "export", "slow", "budget", "budget_load", "e2e")
 
 #: what each target means, for the summary table
 TARGETS = {
@@ -85,6 +85,14 @@ TARGETS = {
     ),
     "budget_throughput_in_process": (
         "~1 ms calls at 1-in-1 with max_overhead=0.02: CPU throughput / the bare loop's",
+        "x",
+    ),
+    "budget_load_measured_share": (
+        "Pool thread beside 2 CPU hogs, max_overhead=0.01: profkit's CPU share, measured",
+        "x",
+    ),
+    "budget_load_agreement_points": (
+        "... |profkit's own share (as charged) - the measured share|",
         "x",
     ),
     "throughput_1_in_100": ("E2E throughput at 1-in-100 (no cap) / without profkit", "x"),
@@ -172,6 +180,7 @@ def render(results: dict[str, dict[str, Any]], quick: bool, total_s: float) -> s
         "export": "Export pipeline",
         "slow": "Slow-call capture",
         "budget": "Overhead budget (in process)",
+        "budget_load": "Overhead budget beside busy neighbours (pool threads)",
         "e2e": "End to end (uvicorn + FastAPI)",
     }
     for name, result in results.items():

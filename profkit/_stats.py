@@ -76,6 +76,9 @@ class StatsSnapshot(TypedDict):
     """Members given to ``profkit.batch()`` that were not ``batch_member()`` tokens (left out)."""
     batch_weights_invalid: int
     """Batches whose ``weights`` could not be used (equal shares instead)."""
+    metrics_shed: int
+    """``metrics=True``: unprofiled root-call durations not handed to the SDK, because more
+    than ``MAX_DURATIONS_PER_S`` (20,000) a second were waiting (docs/fleet.md)."""
     dropped_reasons: dict[str, int]
     error_reasons: dict[str, int]
     overhead: float
@@ -223,6 +226,7 @@ class Stats:
             batch_members_unsampled=counts.get("batch_members_unsampled", 0),
             batch_members_invalid=counts.get("batch_members_invalid", 0),
             batch_weights_invalid=counts.get("batch_weights_invalid", 0),
+            metrics_shed=counts.get("metrics_shed", 0),
             dropped_reasons=dropped,
             error_reasons=errors,
             overhead=self.cpu.share(),

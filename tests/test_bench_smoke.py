@@ -37,6 +37,7 @@ def test_bench_quick_run_prints_every_table() -> None:
         "| capture_slow on, no cap |",
         "| profiled, off-sample root, capture_slow on |",
         "### Overhead budget (in process)",
+        "### Overhead budget beside busy neighbours (pool threads)",
         "### End to end (uvicorn + FastAPI)",
         "| without profkit |",
     ):

@@ -21,6 +21,13 @@ for its window's export, so that its exemplar can carry its own span's ids; a wi
 never reaches the exporters (dropped) lets it go without one after ``_HOLD_S`` or at the
 next flush. Labels and ops are bounded: past ``MAX_LABELS`` labels and ``MAX_OPS`` op names
 per label, new ones are counted as ``other``.
+
+So is the hand-off: each ``record()`` holds the GIL for its 5-30 µs, so the thread hands
+the SDK at most ``MAX_DURATIONS_PER_S`` unprofiled durations a second. More than that
+waiting (a service making more root calls a second than that, or a thread starved of the
+GIL) and the oldest are shed, each one counted (``stats()["metrics_shed"]``): the thread
+looks every ``_CHECK_S``, so what waits stays bounded, in memory and in the GIL time it
+would take.
 """
 
 from __future__ import annotations
@@ -53,6 +60,11 @@ MAX_OPS = 64
 _HOLD_S = 10.0
 #: seconds between drains on the ``profkit-metrics`` thread
 DRAIN_S = 1.0
+#: seconds between the thread's looks at the backlog (shedding what is past its bound)
+_CHECK_S = 0.1
+#: unprofiled root-call durations handed to the SDK per second at most; past them the
+#: oldest waiting are shed and counted (``metrics_shed``): a second's worth waits at most
+MAX_DURATIONS_PER_S = 20_000
 _OTHER = "other"
 #: bucket bounds (s) of ``profkit.call.duration``: 0.5 ms to 10 s (the SDK's default
 #: bounds, 0 to 10000, are made for milliseconds)
@@ -77,6 +89,7 @@ _OUTCOMES = (
     "warmup_calls",
     "speculative",
     "speculative_released",
+    "metrics_shed",
 )
 _EMPTY = otel_context.Context()
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
@@ -233,8 +246,31 @@ class Metrics:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(DRAIN_S):
+        checks = round(DRAIN_S / _CHECK_S)
+        while True:
+            for _ in range(checks):
+                if self._stop.wait(_CHECK_S):
+                    return
+                self.shed()
             self.drain()
+
+    def shed(self, keep: int = MAX_DURATIONS_PER_S) -> int:
+        """Count and let go of the oldest unprofiled durations past ``keep`` waiting: a pop
+        each (no SDK call), so the thread always keeps up. Returns how many went."""
+        pending = self._pending
+        excess = len(pending) - keep
+        if excess <= 0:
+            return 0
+        pop, shed = pending.popleft, 0
+        try:
+            for _ in range(excess):
+                pop()
+                shed += 1
+        except IndexError:  # drained meanwhile
+            pass
+        finally:
+            self.stats.add("metrics_shed", shed)
+        return shed
 
     def drain(self, release_all: bool = False) -> None:
         """Hand every pending measurement to the SDK (``release_all``: held ones too)."""
@@ -266,6 +302,7 @@ class Metrics:
 
     def _drain_pending(self) -> None:
         record, pending, labels = self._duration.record, self._pending, self._labels
+        self.shed()  # more than a second's worth: the oldest go, counted
         while True:
             try:
                 label, ns = pending.popleft()

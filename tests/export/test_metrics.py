@@ -333,3 +333,34 @@ def test_batches_are_root_calls_and_an_asking_member_still_profiles_its_batch(
     assert "baggage" == cap.calls[1].policy
     (duration,) = _points(metrics["profkit.call.duration"], profkit_label="forward")
     assert 4 == duration.count
+
+
+def test_a_backlog_past_a_seconds_worth_is_shed_and_counted(reader: InMemoryMetricReader) -> None:
+    """More unprofiled durations waiting than the thread hands the SDK in a second (each
+    ``record()`` holds the GIL for microseconds): the oldest are shed, each one counted, and
+    what the SDK got plus what was shed is every call."""
+    from profkit._export.metrics import MAX_DURATIONS_PER_S
+    from profkit._global import get_session
+
+    @profkit.profiled("flood")
+    def flood() -> None:
+        pass
+
+    calls = MAX_DURATIONS_PER_S + 5_000
+    with capture(sample_every=10**9, cold_calls=0, metrics=True, meter_provider=_provider(reader)):
+        session = get_session()
+        assert session is not None
+        assert session.metrics is not None
+        session.metrics._stop.set()  # no drain thread: the backlog builds as under overload
+        for _ in range(calls):
+            flood()
+        session.metrics.drain()
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    (duration,) = _points(metrics["profkit.call.duration"], profkit_label="flood")
+    # call 0 was profiled: its duration waited for its export, not in the backlog
+    assert stats["metrics_shed"] == calls - 1 - MAX_DURATIONS_PER_S
+    assert duration.count + stats["metrics_shed"] == calls == stats["root_calls"]
+    assert duration.count == MAX_DURATIONS_PER_S + 1
+    (shed,) = _points(metrics["profkit.calls"], profkit_outcome="metrics_shed")
+    assert shed.value == stats["metrics_shed"]
