@@ -27,6 +27,7 @@ calls) is charged as before: the window's event count times that per-event cost.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -84,29 +85,32 @@ class CpuMeter:
 class Baselines:
     """Each label's unprofiled CPU time per root call on its own thread (ns): the median of
     its last ``_CONTROLS`` control calls. Bounded: past ``MAX_BASELINES`` labels, the label
-    noted longest ago goes (labels built from user input cannot grow it, nor lock it)."""
+    noted longest ago goes (labels built from user input cannot grow it, nor lock it).
+
+    No lock (a lock held by another thread at ``fork()`` would be held for ever in the
+    child): each step is one C call, atomic under the GIL, and a race between two notes
+    of one label can only lose one of them.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._by_label: dict[str, collections.deque[int]] = {}
 
     def note(self, label: str, cpu_ns: int) -> None:
         """A control call of ``label`` took ``cpu_ns`` of its thread's CPU time."""
-        with self._lock:
-            by_label = self._by_label
-            kept = by_label.pop(label, None)  # re-inserted last: the order is the last note's
-            if kept is None:
-                if len(by_label) >= MAX_BASELINES:
-                    del by_label[next(iter(by_label))]
-                kept = collections.deque(maxlen=_CONTROLS)
-            kept.append(cpu_ns)
-            by_label[label] = kept
+        by_label = self._by_label
+        kept = by_label.pop(label, None)  # re-inserted last: the order is the last note's
+        if kept is None:
+            if len(by_label) >= MAX_BASELINES:
+                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                    del by_label[next(iter(by_label))]  # (raced by another thread's note)
+            kept = collections.deque(maxlen=_CONTROLS)
+        kept.append(cpu_ns)
+        by_label[label] = kept
 
     def get(self, label: str) -> int | None:
         """``label``'s baseline in ns, or None before its first control call."""
-        with self._lock:
-            kept = self._by_label.get(label)
-            values = sorted(kept) if kept else None
+        kept = self._by_label.get(label)
+        values = sorted(kept) if kept else None  # (a copy in C: atomic under the GIL)
         return values[len(values) // 2] if values else None
 
 

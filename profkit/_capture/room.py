@@ -20,8 +20,11 @@ __all__ = ["CROWD", "MAX_OTHERS", "crowded", "has_room"]
 MAX_OTHERS = 200
 #: most calls a speculative window takes while one of its calls runs; past it, a quarter
 #: as many other calls cut it short (its calls still running are judged on their time so
-#: far: a slow one is kept, truncated)
-CROWD = 128
+#: far: a slow one is kept, truncated). 512: with 32 tasks that all await, 128 cut a window
+#: about 10 ms in, before its slow calls had run long enough to be judged slow (recall
+#: 0.30-0.53 on bench/slow_recall.py's drift workload, 0.91-0.92 at 512); ``max_events``
+#: still bounds what a window that keeps a slow call costs to read
+CROWD = 512
 
 
 def has_room(win: Any) -> bool:

@@ -160,3 +160,22 @@ def test_at_sample_every_1_a_call_the_budget_refused_is_the_control() -> None:
     assert cap.stats["skipped_budget"] == 3
     assert baseline is not None
     assert baseline >= 0.0027e9
+
+
+def test_baselines_are_bounded_and_forget_the_label_noted_longest_ago() -> None:
+    """Labels from user input (ids in a path) cannot grow the baselines nor push out a
+    label that keeps being noted; a baseline is the median of the label's last nine."""
+    from profkit._overhead import MAX_BASELINES, Baselines
+
+    book = Baselines()
+    for i in range(3 * MAX_BASELINES):
+        book.note(f"/item/{i}", 1_000)
+        if i % 50 == 0:
+            book.note("steady", 5_000 + i)
+    assert book.get("/item/0") is None
+    assert book.get(f"/item/{3 * MAX_BASELINES - 1}") == 1_000
+    assert book.get("steady") is not None
+    assert len(book._by_label) == MAX_BASELINES
+    for cpu in (9, 1, 5, 7, 3, 100, 200, 300, 400, 500, 2, 4):
+        book.note("median", cpu)
+    assert book.get("median") == 100  # of 7, 3, 100, 200, 300, 400, 500, 2, 4
