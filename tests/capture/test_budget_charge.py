@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import torch
 
@@ -31,6 +32,20 @@ def _profiler_on() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
+def _charged(handler: Any, calls: int, label: str) -> tuple[float, int | None, dict[str, Any]]:
+    """``calls`` calls of ``handler`` at sample_every=5: the CPU seconds profkit charged
+    itself, the label's baseline (ns) and the final counters."""
+    with capture(sample_every=5, cold_calls=0, exporters=()) as cap:
+        session = get_session()
+        assert session is not None
+        for _ in range(calls):
+            handler()
+        session.force_flush(10.0)
+        spent = session.stats.cpu.spent
+        baseline = session.controls.baselines.get(label)
+    return spent, baseline, dict(cap.stats)
+
+
 def test_a_sampled_call_is_charged_the_cpu_it_cost_beyond_its_unprofiled_calls() -> None:
     """A handler that spends 20 ms more CPU when it runs under the profiler (as code whose
     ops record slowly does) is charged at least that, once its label has a baseline."""
@@ -43,14 +58,8 @@ def test_a_sampled_call_is_charged_the_cpu_it_cost_beyond_its_unprofiled_calls()
             _burn(BURN_S)
         return y
 
-    with capture(sample_every=5, cold_calls=0, exporters=()) as cap:
-        session = get_session()
-        assert session is not None
-        for _ in range(50):
-            handler()
-        session.force_flush(10.0)
-        spent = session.stats.cpu.spent
-    assert cap.stats["exported"] == 10
+    spent, _, stats = _charged(handler, 50, "costly_when_profiled")
+    assert stats["exported"] == 10
     # the first window comes before the label's first control call: charged the estimate
     assert spent >= 9 * BURN_S * 0.9, f"charged {spent * 1000:.1f} ms for 10 windows"
 
@@ -65,15 +74,8 @@ def test_the_users_own_cost_is_not_charged_to_profkit() -> None:
         _burn(BURN_S)
         return x.add(1)
 
-    with capture(sample_every=5, cold_calls=0, exporters=()) as cap:
-        session = get_session()
-        assert session is not None
-        for _ in range(30):
-            handler()
-        session.force_flush(10.0)
-        spent = session.stats.cpu.spent
-        baseline = session.controls.baselines.get("costly_always")
-    assert cap.stats["exported"] == 6
+    spent, baseline, stats = _charged(handler, 30, "costly_always")
+    assert stats["exported"] == 6
     assert baseline is not None
     assert baseline >= BURN_S * 1e9 * 0.9
     # each window: the profiler's start and stop, the worker's step: a few ms, not 20
