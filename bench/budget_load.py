@@ -40,8 +40,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
-from _util import emit, machine, parse_args, quiet_exporter_settings, seeded_mlp
+from _util import emit, machine, parse_args, quiet_exporter_settings
+from budget import _steps as _model_call  # the same ~1 ms model call as bench/budget.py
+from budget import _steps_for_1ms
 
 import profkit
 from profkit._global import get_session
@@ -51,29 +52,6 @@ SHARE_LIMIT = 0.015
 AGREE_POINTS = 0.005
 HOGS = 2
 POOL = 4
-
-
-def _model_call(steps: int) -> Callable[[], None]:
-    model, x = seeded_mlp()
-
-    def call() -> None:
-        with torch.inference_mode():
-            for _ in range(steps):
-                model(x)
-
-    return call
-
-
-def _steps_for_1ms() -> int:
-    probe = _model_call(10)
-    probe()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.thread_time()
-        for _ in range(5):
-            probe()
-        best = min(best, time.thread_time() - t0)
-    return max(1, round(0.001 / (best / 50)))
 
 
 def _chunk(pool: ThreadPoolExecutor, fn: Callable[[], None], calls: int) -> float:
