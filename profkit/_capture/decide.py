@@ -275,10 +275,9 @@ class Decider:
             return (TIMED, tail())
         return self._speculate(label, parent) if speculate else self._off()
 
-    def _refused_call(self, label: str, sync: bool) -> Decision:
+    def _refused_call(self, label: str) -> Decision:
         """A picked call that gets no window: a control call if its label is due one."""
-        made = self.controls.take_due(label, self.timed) if sync and self.control_due else None
-        return made or self._off()
+        return self.controls.take_due(label, self.timed) or self._off()
 
     def _off(self) -> Decision:
         """A call left unprofiled: ``OFF``, or timed from here with ``metrics`` (every root
@@ -350,10 +349,10 @@ class Decider:
         refused = self._refused()
         if refused is not None:
             next(self._stats.refused[refused])
-            return self._refused_call(label, sync)
+            return self._refused_call(label) if sync and self.control_due else self._off()
         call = self._keeper.open(policy, parent, sampler=self._sampler.description)
         if call is None:
-            return self._refused_call(label, sync)
+            return self._refused_call(label) if sync and self.control_due else self._off()
         call.cold = cold
         if sync and _get_running_loop() is None:
             call.cpu_start_ns = time.thread_time_ns()
