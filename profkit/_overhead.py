@@ -15,13 +15,16 @@ docs/performance.md) and the span processor's own export thread.
 A sampled call itself, while its window records (from the decision to its end: the
 profiler's per-op recording, the root's ``record_function`` ranges, whatever the code does
 more under a profiler), is charged what it cost on its own thread beyond what the same
-label's calls cost unprofiled: its thread's CPU time less its label's *baseline*, the median
-CPU time of the label's last control calls (:class:`Baselines`; under ``sample_every`` the
-call right after each pick is one, :data:`profkit._sampling.CONTROL`). The same per-op
-recording measured on a quiet main thread at ``prime()`` said a tenth of that on a pool
-thread beside busy neighbours (docs/performance.md). A call with no baseline yet (its
-label's first window, a ratio sampler, a coroutine or generator root, a window's later
-calls) is charged as before: the window's event count times that per-event cost.
+label's calls cost unprofiled: its thread's CPU time less its label's *baseline*, the
+trimmed mean CPU time of the label's last control calls (:class:`Baselines`; under
+``sample_every`` the call right after a pick can be one, :data:`profkit._sampling.CONTROL`).
+The difference is charged as it comes, less than nothing too (a call that ran below its
+label's mean): on average it is what the profiler added. A call with no baseline to compare
+with is charged the window's event count times a per-event cost measured once, at
+``prime()``, on a quiet main thread: its label's first window, a ratio sampler's call
+before a gate turned one away, a coroutine's or a generator's root, a window of more than
+one call (``window`` > 1, ``warmup`` > 0), an ``all_threads`` window (other threads' ops
+are recorded too), a call that ended on another thread.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ class CpuMeter:
 
 
 class Baselines:
-    """Each label's unprofiled CPU time per root call on its own thread (ns): the median of
-    its last ``_CONTROLS`` control calls. Bounded: past ``MAX_BASELINES`` labels, the label
+    """Each label's unprofiled CPU time per root call on its own thread (ns): the trimmed
+    mean of its last ``_CONTROLS`` control calls. Bounded: past ``MAX_BASELINES`` labels, the label
     noted longest ago goes (labels built from user input cannot grow it, nor lock it).
 
     No lock (a lock held by another thread at ``fork()`` would be held for ever in the
@@ -108,10 +111,23 @@ class Baselines:
         by_label[label] = kept
 
     def get(self, label: str) -> int | None:
-        """``label``'s baseline in ns, or None before its first control call."""
+        """``label``'s baseline in ns, or None before its first control call: the mean of
+        its kept control calls, the least and the greatest left out from five on (a mean,
+        not a median: a sampled call is charged its CPU time less this, and for a label
+        whose calls vary that difference is the profiler's cost on average only if this is
+        the calls' mean)."""
         kept = self._by_label.get(label)
         values = sorted(kept) if kept else None  # (a copy in C: atomic under the GIL)
-        return values[len(values) // 2] if values else None
+        if not values:
+            return None
+        if len(values) >= 5:
+            values = values[1:-1]
+        return sum(values) // len(values)
+
+    def count(self, label: str) -> int:
+        """How many control calls of ``label`` are kept (0 to ``_CONTROLS``)."""
+        kept = self._by_label.get(label)
+        return len(kept) if kept else 0
 
 
 class Control:

@@ -92,7 +92,7 @@ class Session(Decider):
 
     # -- request path -----------------------------------------------------------------------
 
-    def end_root(self, call: CallRecord | Timed, error: BaseException | None) -> None:
+    def end_root(self, call: CallRecord | Timed | Control, error: BaseException | None) -> None:
         """Close a sampled call; the last call of a done window stops it and hands it off.
 
         A timed unprofiled call (``capture_slow``) goes into the latency book; a speculative
@@ -115,14 +115,16 @@ class Session(Decider):
     def _charge_own_cpu(self, call: CallRecord) -> None:
         """A sampled plain root ended on its thread: charge its CPU time beyond its label's
         baseline (nothing yet without one: the window's estimate is charged instead)."""
-        if call.window is None or call.window.owner != threading.get_ident() or not call.scopes:
+        win = call.window
+        if win is None or win.owner != threading.get_ident() or not call.scopes:
             return
+        if win.needed != 1 or self.config.all_threads:  # more calls, or other threads' ops,
+            return  # in the window: its per-event estimate covers them all, charged once
         key = call.scopes[0].label
         base = self.controls.baselines.get(key)
         self.controls.sampled_ended(key)
-        if base is not None:
-            spent = time.thread_time_ns() - call.cpu_start_ns
-            self.stats.cpu.charge(max(0, spent - base) / 1e9)
+        if base is not None:  # less than nothing too: on average, what the profiler added
+            self.stats.cpu.charge((time.thread_time_ns() - call.cpu_start_ns - base) / 1e9)
             call.cpu_charged = True
 
     def start(self) -> None:

@@ -49,6 +49,7 @@ sampler's pick is the sampling point (a picked call refused is counted under its
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from asyncio import _get_running_loop
@@ -163,30 +164,43 @@ class Controls:
 
     def __init__(self, sampler: Sampler) -> None:
         self.baselines = Baselines()
-        #: labels as summaries name them (escaped); bounded like the baselines
-        self.due: set[str] = set()
+        #: labels as summaries name them, oldest first (an ordered set), bounded
+        self.due: dict[str, None] = {}
         self._marks = not (isinstance(sampler, EveryN) and sampler.n > 1)
+        #: each label's CONTROL answers so far (a label with a full baseline takes 1 in 4)
+        self._answers: dict[str, int] = {}
 
     def make(self, label: str, timed: Any, key: str | None = None) -> Decision | None:
-        """A control call of ``label`` from here, unless an asyncio loop runs on this thread
-        (a coroutine root's CPU time there is other tasks' too)."""
+        """A control call of ``label``, unless an asyncio loop runs on this thread; once its
+        baseline holds five, one answer in four (one costs ~1.5 µs: two system calls)."""
         if _get_running_loop() is not None:
             return None
-        return (CONTROLLED, Control(self.baselines, timed, label, key or escape(label)))
+        key = key or escape(label)
+        if self.baselines.count(key) >= 5:
+            answers = self._answers
+            n = answers.get(key, 0) + 1
+            if len(answers) < MAX_BASELINES or key in answers:
+                answers[key] = n
+            if n % 4:
+                return None
+        return (CONTROLLED, Control(self.baselines, timed, label, key))
 
     def take_due(self, label: str, timed: Any) -> Decision | None:
         """A control call if ``label`` is due one (then no longer), else None."""
         key = escape(label)
-        if key not in self.due:
-            return None
-        made = self.make(label, timed, key)
-        self.due.discard(key)
-        return made
+        if self.due.pop(key, 0) is not None or _get_running_loop() is not None:
+            return None  # (a due label's value is None: a missing one gives 0)
+        return (CONTROLLED, Control(self.baselines, timed, label, key))
 
     def sampled_ended(self, key: str) -> None:
         """A sampled plain root of ``key`` ended: its label's next unprofiled call is due."""
-        if self._marks and len(self.due) < MAX_BASELINES:
-            self.due.add(key)
+        if self._marks:
+            due = self.due
+            due.pop(key, None)
+            if len(due) >= MAX_BASELINES:
+                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                    del due[next(iter(due))]  # (raced by another thread's mark)
+            due[key] = None
 
 
 class Decider:
@@ -231,9 +245,10 @@ class Decider:
         #: the sink of an unprofiled call's wall-clock time (the Session sets it: ``timed``)
         self.timed: Any = None
 
-    def decide(self, label: str, speculate: bool = True) -> Decision:
+    def decide(self, label: str, speculate: bool = True, sync: bool = True) -> Decision:
         """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
-        never timed nor speculative)."""
+        never timed nor speculative; ``sync=False``: a coroutine's or a generator's, whose
+        thread's CPU time is not its own, never a control call nor timed for the budget)."""
         next(self._roots)  # every off-sample call passes here: a C call, no lock
         otel = otel_current()  # empty (falsy) when no span is active: no lookup
         span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
@@ -249,22 +264,22 @@ class Decider:
         # the label's answer for this call (its own 1 in N, or cold): a dict lookup, a next()
         pick = next(self._by_label.get(label) or self._first(label))
         if self.triggered.pending:
-            call = self._triggered(label, parent, pick is COLD, speculate)
+            call = self._triggered(label, parent, pick is COLD, speculate and sync)
             if call is not None:
                 return (PROFILED, call)
         if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
-            return self._open(Policy.BAGGAGE, parent, pick is COLD, speculate)
+            return self._open(Policy.BAGGAGE, parent, pick is COLD, speculate and sync)
         if pick is not False:  # the usual answer: one comparison
             if pick is True:
-                return self._open(Policy.SAMPLER, parent, False, speculate, label)
+                return self._open(Policy.SAMPLER, parent, False, speculate and sync, label)
             if pick is ASK:
                 if self._sample(parent.trace_id if parent and parent.is_valid else None):
-                    return self._open(Policy.SAMPLER, parent, False, speculate, label)
-                if self.control_due and speculate:
+                    return self._open(Policy.SAMPLER, parent, False, speculate and sync, label)
+                if self.control_due and speculate and sync:
                     return self.controls.take_due(label, self.timed) or self._off()
             elif pick is COLD:  # not speculative, not the label's baseline (timed for metrics)
                 return self._off()
-            elif pick is CONTROL and speculate:
+            elif pick is CONTROL and speculate and sync:
                 made = self.controls.make(label, self.timed)
                 if made is not None:
                     return made

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
+from .._overhead import Control
 from .._targeting.slow import Timed
 from .scope import FRAME, OFF, Active, enter, exit_, undo_enter
 
@@ -36,7 +37,7 @@ def async_call(
         entered = error = None
         outer = _get_frame()
         try:
-            entered = enter(label, attrs, code)
+            entered = enter(label, attrs, code, True, False)  # (its CPU time is not its own)
             coro = fn(*args, **kwargs)
             if entered.__class__ is Active and entered.session is not None:
                 entered.call.intervals = []  # a sampled root: record when its task runs
@@ -226,7 +227,7 @@ class Stepped:
         self._started = False
         self._entered: Active | None = None
         self._frame: Any = None
-        self._timed: Timed | None = None  # an unprofiled root, timed (metrics): ended with it
+        self._timed: Timed | Control | None = None  # an unprofiled root, timed: ended with it
 
     def step_in(self) -> Token[Any] | None:
         """Before a step: enter the scope on the first one, then set its frame."""
@@ -234,10 +235,11 @@ class Stepped:
             self._started = True
             outer = FRAME.get()
             try:
-                entered = enter(self.label, self.attributes, self.code, self.spec)
+                entered = enter(self.label, self.attributes, self.code, self.spec, False)
                 if entered is not None:
                     self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
-                    self._timed = entered if entered.__class__ is Timed else None
+                    timed = entered.__class__ is Timed or entered.__class__ is Control
+                    self._timed = entered if timed else None
                     if isinstance(entered, Active):
                         self._entered = entered
             finally:

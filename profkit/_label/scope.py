@@ -138,8 +138,15 @@ def _count(session: Any, reason: str, exc: Exception) -> None:
         raise exc
 
 
-def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True) -> Any:
-    """Enter a scope in the current context; pass what it returns to :func:`exit_`.
+def enter(
+    label: str,
+    attributes: dict[str, Any],
+    code: CodeInfo | None,
+    spec: bool = True,
+    sync: bool = True,
+) -> Any:
+    """Enter a scope in the current context; pass what it returns to :func:`exit_`
+    (``sync=False``: a coroutine's or a generator's scope, see ``Decider.decide``).
 
     Returns None (nothing to undo), ``OFF``, a :class:`Timed` or a :class:`Control` (unsampled)
     or an :class:`Active`.
@@ -156,7 +163,11 @@ def enter(label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: b
             FRAME.set(OFF)
             decision = NOT_PROFILED
             try:  # a failing begin_root is counted; the call then runs unsampled
-                decision = session.begin_root(label, spec)
+                decision = (
+                    session.begin_root(label, spec)
+                    if sync
+                    else session.begin_root(label, spec, False)
+                )
             except Exception as exc:
                 _errors.internal(session.stats, "begin_root", exc)
             if decision is NOT_PROFILED:

@@ -9,9 +9,13 @@ median of its control calls (the call after each pick under ``sample_every``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import profkit
@@ -166,7 +170,7 @@ def test_at_sample_every_1_a_call_the_budget_refused_is_the_control() -> None:
 
 def test_baselines_are_bounded_and_forget_the_label_noted_longest_ago() -> None:
     """Labels from user input (ids in a path) cannot grow the baselines nor push out a
-    label that keeps being noted; a baseline is the median of the label's last nine."""
+    label that keeps being noted; a baseline is the trimmed mean of the label's last nine."""
     from profkit._overhead import MAX_BASELINES, Baselines
 
     book = Baselines()
@@ -180,4 +184,136 @@ def test_baselines_are_bounded_and_forget_the_label_noted_longest_ago() -> None:
     assert len(book._by_label) == MAX_BASELINES
     for cpu in (9, 1, 5, 7, 3, 100, 200, 300, 400, 500, 2, 4):
         book.note("median", cpu)
-    assert book.get("median") == 100  # of 7, 3, 100, 200, 300, 400, 500, 2, 4
+    # the last nine, the least and the greatest left out: (3+4+7+100+200+300+400) // 7
+    assert book.get("median") == 144
+
+
+def _own_cpu_charges(session: Any) -> list[float]:
+    """Record the charges ``Session._charge_own_cpu`` makes from now on (seconds each)."""
+    charges: list[float] = []
+    meter = session.stats.cpu
+    plain = meter.charge
+
+    def charge(seconds: float) -> None:
+        if sys._getframe(1).f_code.co_name == "_charge_own_cpu":
+            charges.append(seconds)
+        plain(seconds)
+
+    meter.charge = charge
+    return charges
+
+
+def test_a_label_whose_calls_vary_is_not_charged_its_variation() -> None:
+    """The charge is the sampled call's CPU time less its label's mean (not its median,
+    nor clamped at zero): calls of 0-2 ms (a cycle of 11 values, so that picks and control
+    calls see the same ones in turn) are charged what calls of a steady 1 ms are, within a
+    few ms over 200 windows (on the code before, the spread too: ~0.25 ms a window)."""
+
+    def charged(label: str, ms: Callable[[int], float]) -> float:
+        calls = iter(range(10**6))
+
+        @profkit.profiled(label)
+        def handler() -> None:
+            _burn(ms(next(calls)) / 1000)
+
+        with capture(sample_every=5, cold_calls=0, queue_size=1000, exporters=()):
+            session = get_session()
+            assert session is not None
+            charges = _own_cpu_charges(session)
+            for _ in range(1000):
+                handler()
+        assert len(charges) >= 190
+        return sum(charges)
+
+    steady = charged("steady", lambda i: 1.0)
+    varies = charged("varies", lambda i: (3 * i % 11) / 5)
+    assert abs(varies - steady) < 0.012, f"{varies * 1000:.1f} against {steady * 1000:.1f} ms"
+
+
+def test_a_window_of_two_calls_is_charged_once() -> None:
+    """``window=2``: the window's per-event estimate covers both calls; no call is charged
+    its own CPU time as well (on the code before: both, the first call counted twice)."""
+    x = torch.ones(8)
+
+    @profkit.profiled("windowed")
+    def handler() -> torch.Tensor:
+        y = x.add(1)
+        if _profiler_on():
+            _burn(BURN_S)
+        return y
+
+    with capture(sample_every=5, cold_calls=0, window=2, exporters=()):
+        session = get_session()
+        assert session is not None
+        charges = _own_cpu_charges(session)
+        for _ in range(60):
+            handler()
+    assert charges == []
+
+
+def test_a_coroutine_driven_without_asyncio_is_never_a_control() -> None:
+    """A coroutine root's thread runs other work between its steps, asyncio's or not (a
+    trio-like driver sends into it by hand): never its label's baseline, and with metrics on
+    every call is still counted."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    @profkit.profiled("driven")
+    async def handler() -> int:
+        return 1
+
+    @profkit.profiled("driven_gen")
+    async def stream() -> Any:
+        yield 1
+
+    reader = InMemoryMetricReader()
+    with capture(
+        sample_every=3, cold_calls=0, metrics=True, meter_provider=MeterProvider([reader])
+    ):
+        session = get_session()
+        assert session is not None
+        for _ in range(12):
+            with pytest.raises(StopIteration) as done:
+                handler().send(None)
+            assert done.value.value == 1
+            agen = stream().__aiter__()
+            with pytest.raises(StopIteration) as item:
+                agen.__anext__().send(None)
+            assert item.value.value == 1
+            with contextlib.suppress(StopAsyncIteration, StopIteration):
+                agen.__anext__().send(None)
+        assert session.controls.baselines.get("driven") is None
+        assert session.controls.baselines.get("driven_gen") is None
+        assert profkit.force_flush(10.0)
+        data = reader.get_metrics_data()
+    counts = {
+        p.attributes["profkit.label"]: p.count
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "profkit.call.duration"
+        for p in m.data.data_points
+    }
+    assert counts == {"driven": 12, "driven_gen": 12}
+
+
+def test_labels_sampled_and_never_refused_do_not_lock_out_a_later_one() -> None:
+    """At ``sample_every=1`` a label is due a control call until a gate turns one of its
+    calls away; 300 labels that never were do not keep a later label from its baseline."""
+
+    @profkit.profiled("hot")
+    def hot() -> None:
+        _burn(0.001)
+
+    with capture(sample_every=1, max_overhead=1.0, queue_size=1000, exporters=()):
+        session = get_session()
+        assert session is not None
+        for i in range(300):
+            profkit.profiled(f"rare/{i}")(lambda: None)()
+        hot()
+        assert profkit.stats()["sampled"] == 301
+        session.stats.cpu.share = lambda: 1.0  # over the budget from here on
+        for _ in range(3):
+            hot()  # the first one turned away: hot's control call
+        assert session.controls.baselines.get("hot") is not None
+        assert len(session.control_due) <= 256
