@@ -28,12 +28,12 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    or starts (``skipped_foreign``), the rate cap has a token (``skipped_rate_limit``).
    A cold call nobody asked for stops here: ``OFF`` (neither timed nor speculative: it is
    not the label's baseline).
-5. The call right after each of a label's picks under ``sample_every`` (the label's answer
-   :data:`profkit._sampling.CONTROL`), a plain synchronous root (not a generator's, a
-   batch's, nor one on a thread running an asyncio loop): ``(CONTROL, Control)``, not
-   profiled but timed on its thread's CPU clock, the label's baseline that its sampled
-   calls' own CPU time is charged against (:mod:`profkit._overhead`). Its wall-clock time
-   goes where a ``TIMED`` call's goes.
+5. A control call (:class:`Controls`: after a pick under ``sample_every``, 1 in 4 picks once
+   a baseline holds 5; at N=1 or a ratio, a call refused after a sampled one), a plain sync
+   root (not a coroutine's, generator's or batch's, nor on a running asyncio loop's thread):
+   ``(CONTROLLED, Control)``, not profiled but timed on its thread's CPU clock, the label's
+   baseline that its sampled calls' CPU time is charged against (:mod:`profkit._overhead`).
+   Its wall-clock time goes where a ``TIMED`` call's goes.
 6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
    the same gates allow (refusals are not counted: nothing was sampled), else the call is
    ``TIMED``.
@@ -158,9 +158,9 @@ class Gate:
 
 
 class Controls:
-    """The control calls (rule 5): each label's baseline (:class:`Baselines`), and the labels
-    whose next unprofiled call is one, marked as a sampled call of theirs ends where the
-    sampler gives no :data:`CONTROL` answers of its own (``sample_every=1``, a ratio)."""
+    """The control calls (rule 5, 4c in docs/reliability.md): each label's baseline, and the
+    labels whose next unprofiled call is one, marked as a sampled call of theirs ends where
+    the sampler gives no :data:`CONTROL` answers of its own (``sample_every=1``, a ratio)."""
 
     def __init__(self, sampler: Sampler) -> None:
         self.baselines = Baselines()
