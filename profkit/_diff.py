@@ -128,7 +128,7 @@ def _median(values: Sequence[float]) -> float:
 
 def _both(name: str, before: list[float], after: list[float]) -> Change:
     """An op or region the samples of both sides list (``before``/``after``: µs each)."""
-    mb, ma = _median(before) / 1000.0, _median(after) / 1000.0
+    mb, ma = _median_ms(before), _median_ms(after)
     ratio = ma / mb if mb else None
     if min(len(before), len(after)) < MIN_SAMPLES:
         return Change(name, mb, ma, ratio, False, None)
@@ -138,11 +138,17 @@ def _both(name: str, before: list[float], after: list[float]) -> Change:
     return Change(name, mb, ma, ratio, significant, p)
 
 
+def _median_ms(us: list[float]) -> float:
+    """The median of µs samples in ms, to the ns the JSON output keeps: rows are sorted by
+    the impact their written values give (unrounded, two impacts within a ns could swap)."""
+    return round(_median(us) / 1000.0, 6)
+
+
 def _one_side(name: str, seen: list[float], missing: list[Sample], new: bool) -> Change:
     """An op or region one side's samples list, the other's never: new (or gone). Significant
     with enough samples a side, unless it may hide in the other side's "other" row (past
     ``top_k``: the median "other" row there is at least half this one's median)."""
-    median = _median(seen) / 1000.0
+    median = _median_ms(seen)
     hidden = _median([s.other_us for s in missing]) / 1000.0 >= median / 2
     significant = min(len(seen), len(missing)) >= MIN_SAMPLES and not hidden and median > 0
     before, after = (None, median) if new else (median, None)
