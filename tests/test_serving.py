@@ -60,6 +60,7 @@ def test_signal_timeouts_always_reach_the_caller_and_sampling_goes_on() -> None:
     """1,500 calls hit by random SIGALRM timeouts: each timeout raised, then 50 clean samples."""
     rc, report, err = run_fresh("serving_signal_timeouts")
     assert 0 == rc, err[-3000:]
+    _no_half_done_session(err)
     assert report["fired"] > 500  # the timers did hit
     assert report["fired"] == report["caught"]  # every timeout reached the caller
     assert 50 == report["sampled"]
@@ -98,6 +99,19 @@ def test_a_storm_of_1500_timeouts_under_capture_slow_leaves_counters_that_add_up
     rc, report, err = run_fresh("serving_signal_storm_slow", "11", "1500", "function", "1")
     assert 0 == rc, err[-3000:]
     _storm_rows_hold(report["rows"])
+    _no_half_done_session(err)
+
+
+#: what torch logs at a stop that finds kineto with no session: the profiler was enabled
+#: unprepared or a prepared session was left behind, the states in which torch 2.13 crashes
+#: the process at a later start or stop (SIGSEGV in CI on 186adbd, in this file's storms)
+HALF_DONE = "disableProfiler called but no active profiling session"
+
+
+def _no_half_done_session(err: str) -> None:
+    """No timeout left kineto half started or half stopped: profkit holds signals while
+    torch's profiler starts and stops (on 186adbd a storm logged 38-1,608 of these)."""
+    assert HALF_DONE not in err, f"{err.count(HALF_DONE)}x: {err[-1500:]}"
 
 
 @pytest.mark.slow
@@ -119,6 +133,7 @@ def test_ten_storms_with_both_cores_busy_lose_no_timeout() -> None:
     assert 0 == rc, err[-3000:]
     assert 10 == len(report["rows"])
     _storm_rows_hold(report["rows"], fleet=True)
+    _no_half_done_session(err)
 
 
 def test_users_profiler_started_mid_window_on_another_thread() -> None:

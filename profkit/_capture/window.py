@@ -26,6 +26,7 @@ from torch.profiler import profile
 from .._compat import (
     clear_profiler_flag,
     finish_interrupted_start,
+    hold_signals,
     kineto_quiet,
     profiler_enabled_here,
     profiler_flag,
@@ -87,7 +88,7 @@ def prime(config: Config) -> float:
     """
     key = (config.activities, config.all_threads)
     _hooks.at_fork_in_child("window", _note_fork_in_child)
-    with _prime_lock:
+    with _prime_lock, hold_signals():  # (a signal's exception inside a start: see Window)
         if key in _primed or foreign_profiler_active():
             return 0.0
         global _started_in_pid
@@ -206,9 +207,9 @@ class Window:
         _started_in_pid = os.getpid()
         self.prof = prof
         try:
-            with ours():
+            with ours(), hold_signals():  # no signal's exception inside torch's start
                 prof.start()
-        except BaseException:  # a failed start, or a signal's exception mid-start
+        except BaseException:  # a failed start, or a signal's exception right after it
             not_ours()  # (an exception on ours()'s own last line leaves it set)
             _force_stop(prof, all_threads=self.config.all_threads, finish=True)
             self.prof = None
@@ -219,9 +220,10 @@ class Window:
         prof = self.prof
         if prof is not None and not self.stopped_refs:  # (stopped once: no second disable)
             try:
-                prof.stop()
-                # the profile's references to itself plus this frame's: see release()
-                self.stopped_refs = sys.getrefcount(prof)
+                with hold_signals():  # no signal's exception inside torch's stop
+                    prof.stop()
+                    # the profile's references to itself plus this frame's: see release()
+                    self.stopped_refs = sys.getrefcount(prof)
             finally:
                 # a failed stop must not leave the process-wide flag set: we would skip forever
                 if foreign_profiler_active() and not _still_enabled_here():
@@ -325,22 +327,24 @@ def _force_stop(prof: profile, *, all_threads: bool, finish: bool = False) -> No
     stop of one that never started raises and is ignored. ``finish`` (on the profile's own
     thread, after a start or stop an exception cut short): a profile prepared and never
     disabled gets kineto's start and stop run once more (:func:`finish_interrupted_start`),
-    so no prepared session is left for the next window to trip on.
+    so no prepared session is left for the next window to trip on. Signals are held
+    throughout (:func:`profkit._compat.hold_signals`): one's exception is raised at the end.
     """
-    inner = getattr(prof, "profiler", None)
-    # looked at before the stop (an all-threads "stop" of a profile never enabled passes)
-    disabled = (
-        inner is None
-        or not getattr(inner, "entered", False)
-        or getattr(inner, "kineto_results", None) is not None
-    )
-    enabled_here = _still_enabled_here()
-    with contextlib.suppress(Exception):  # the failed start is the error that gets reported
-        if all_threads or enabled_here:
-            prof.stop()
-    if finish and not disabled and (all_threads or not enabled_here):
-        with contextlib.suppress(Exception), ours():
-            if not _still_enabled_here():
-                finish_interrupted_start(inner)
-    if foreign_profiler_active() and not _still_enabled_here():
-        clear_profiler_flag()
+    with hold_signals():  # a signal's exception waits: none is lost in the suppressions
+        inner = getattr(prof, "profiler", None)
+        # looked at before the stop (an all-threads "stop" of a profile never enabled passes)
+        disabled = (
+            inner is None
+            or not getattr(inner, "entered", False)
+            or getattr(inner, "kineto_results", None) is not None
+        )
+        enabled_here = _still_enabled_here()
+        with contextlib.suppress(Exception):  # the failed start is the error that gets reported
+            if all_threads or enabled_here:
+                prof.stop()
+        if finish and not disabled and (all_threads or not enabled_here):
+            with contextlib.suppress(Exception), ours():
+                if not _still_enabled_here():
+                    finish_interrupted_start(inner)
+        if foreign_profiler_active() and not _still_enabled_here():
+            clear_profiler_flag()

@@ -31,6 +31,7 @@ WATCHED = (
     "torch/profiler/profiler.py",
     "torch/autograd/profiler.py",
     "profkit/_capture/",
+    "profkit/_compat.py",
     "profkit/_label/",
     "profkit/_targeting/",
     "profkit/_records.py",
@@ -76,7 +77,9 @@ class Injector:
             code = frame.f_code
             where = "start" if event == "call" else getattr(arg, "__name__", "?")
             self.where = f"{name.rsplit('/', 2)[-1]}:{frame.f_lineno} {code.co_name} {where}"
-            on_alarm(signal.SIGALRM, frame)
+            # the handler installed now: while profkit holds signals (around torch's start
+            # and stop), its note-taker, which delivers the exception as the hold ends
+            signal.getsignal(signal.SIGALRM)(signal.SIGALRM, frame)
 
 
 mode = sys.argv[1]
