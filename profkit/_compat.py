@@ -36,6 +36,8 @@ __all__ = [
     "profiler_enabled_here",
     "profiler_flag",
     "provider_shut_down",
+    "range_enter",
+    "range_exit",
     "register_before_exit",
     "watch_provider_shutdown",
 ]
@@ -144,6 +146,21 @@ def finish_interrupted_start(inner: Any) -> None:
     c_autograd._disable_profiler()
 
 
+def _op(packet: Any, overload: str) -> Any:
+    """The C function behind one overload of a torch op (``OpOverload._op``, torch 2.3-2.13),
+    or the Python overload itself where it has none."""
+    op = getattr(packet, overload)
+    return getattr(op, "_op", op)
+
+
+#: torch's ``record_function`` ops, called without its Python class: ``range_enter(name,
+#: None)`` opens a range (``profiler::_record_function_enter_new``) and returns its handle,
+#: ``range_exit(handle)`` ends it (``profiler::_record_function_exit``; a second end does
+#: nothing). C functions: no signal handler runs inside either (torch 2.3-2.13)
+range_enter: Any = _op(torch.ops.profiler._record_function_enter_new, "default")
+range_exit: Any = _op(torch.ops.profiler._record_function_exit, "_RecordFunction")
+
+
 def profiler_enabled_here() -> bool:
     """``torch._C._autograd._profiler_enabled()``: a profiler records this thread (it does
     not see an all-threads profiler; torch 2.13)."""
@@ -220,15 +237,19 @@ def register_before_exit(callback: Callable[[], None]) -> bool:
 #: CPython's C signal module: ``signal``'s functions without its enum conversions (0.1 µs a
 #: call instead of 0.8; CPython 3.9-3.14)
 _signal: Any = importlib.import_module("_signal")
-#: every signal a Python handler can be installed for (torch 2.3-2.13, CPython 3.9-3.14)
+#: every signal a Python handler can be installed for (CPython 3.9-3.14)
 _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+#: the holds in progress (a forked child gives them up: see _release_in_child)
+_holds: list[_Hold] = []
+_fork_hook = [False]
 
 
 class _Hold:
     """The handler a held signal has: it notes the signal for delivery at the hold's end.
 
-    One left installed past its hold (a second signal's exception cut the restore short)
-    heals itself: it puts the application's handler back and calls it, at once.
+    One left installed past its hold (a fresh signal's exception cut the restore short)
+    heals itself: it puts the application's handler back and calls it, at once; a later
+    hold takes it for the application's handler.
     """
 
     __slots__ = ("caught", "handlers", "over")
@@ -257,12 +278,12 @@ def hold_signals() -> Iterator[None]:
     torch's profiler start or stop between two of its C calls, and kineto, left with a
     prepared session or a profiler enabled unprepared, crashes the process at a later
     start or stop (segfault, torch 2.13). While held, each signal with a Python handler has
-    profkit's note-taker instead; at the end the application's handlers are put back and
-    every noted signal's handler is called, in order (the first exception propagates, the
-    signals after it are raised again, so that their handlers run at the next check point).
-    Other threads never run signal handlers: there it does nothing. CPython's
-    ``signal.signal`` resets ``siginterrupt`` for the signals it swaps (CPython 3.9-3.14,
-    ``_signal`` is its C module).
+    a :class:`_Hold` instead, which notes it; as the block ends, each noted signal's handler
+    is called, in order of arrival (still held: a signal arriving meanwhile is noted and
+    handed over too), then the application's handlers are put back. The first exception a
+    handler raised propagates (the others' are added to it as notes). Other threads never
+    run signal handlers: there it does nothing. ``signal.signal`` resets ``siginterrupt`` for
+    the signals it swaps (``_signal`` is CPython's C module, 3.9-3.14).
     """
     if threading.get_ident() != threading.main_thread().ident:
         yield
@@ -270,13 +291,25 @@ def hold_signals() -> Iterator[None]:
     hold = _Hold()
     handlers = hold.handlers
     try:
+        _holds.append(hold)
+        if not _fork_hook[0]:
+            _fork_hook[0] = True
+            os.register_at_fork(after_in_child=_release_in_child)
         for signum in _SIGNALS:
             handler = _signal.getsignal(signum)
-            if callable(handler) and not isinstance(handler, _Hold):  # (an outer hold's)
+            if isinstance(handler, _Hold):
+                if not handler.over:  # an outer hold's: it delivers
+                    continue
+                handler = handler.handlers[signum]  # one left behind: the application's
+            if callable(handler):
                 handlers[signum] = handler  # before the swap: an exception then restores it
-                _signal.signal(signum, hold)
-    except ValueError:  # not the main interpreter: signal() refuses (nothing to hold)
-        pass
+                try:
+                    _signal.signal(signum, hold)
+                except ValueError as exc:
+                    if "main interpreter" not in str(exc):  # (a handler's own ValueError)
+                        raise
+                    del handlers[signum]  # a subinterpreter: no signal can be swapped
+                    break
     except BaseException:  # a handler due before its swap ran, and raised: nothing started
         _release(hold)
         raise
@@ -287,26 +320,50 @@ def hold_signals() -> Iterator[None]:
 
 
 def _release(hold: _Hold) -> None:
-    """Put the application's handlers back, then run the handlers of the signals noted."""
-    hold.over = True  # from here on, a hold still installed delivers at once
-    first: BaseException | None = None
-    for _ in range(3):  # ``signal()`` first runs a handler that is due, which may raise
+    """Hand the noted signals to their handlers, then put the application's handlers back."""
+    errors: list[BaseException] = []
+    _deliver(hold, errors)  # while still held: no fresh exception can land in between
+    for _ in range(8):  # ``signal()`` first runs a handler that is due, which may raise
         try:
             for signum, handler in hold.handlers.items():
                 if _signal.getsignal(signum) is hold:
                     _signal.signal(signum, handler)
             break
-        except BaseException as exc:  # (one a hold left installed heals at its next signal)
-            first = first or exc
-    caught, hold.caught = hold.caught, []
-    for i, (signum, frame) in enumerate(caught):
-        if first is not None:  # an exception to raise already: the rest are raised again
-            for later, _frame in caught[i:]:
-                _signal.raise_signal(later)
-            break
-        try:
-            hold.handlers[signum](signum, frame)
-        except BaseException as exc:
-            first = exc  # the signals after it are raised again (next turn of the loop)
-    if first is not None:
+        except BaseException as exc:  # a signal's, put back already, or a noted one's
+            errors.append(exc)
+            _deliver(hold, errors)
+    hold.over = True  # from here on a hold still installed delivers at once
+    _deliver(hold, errors)  # noted while the handlers were put back
+    with contextlib.suppress(ValueError):
+        _holds.remove(hold)
+    if errors:
+        first = errors[0]
+        note = getattr(first, "add_note", None)  # (Python 3.11+)
+        for later in errors[1:]:
+            if note is not None:
+                note(f"profkit held signals; another handler raised too: {later!r}")
         raise first
+
+
+def _deliver(hold: _Hold, errors: list[BaseException]) -> None:
+    """Call the handler of each noted signal, oldest first; keep what they raise."""
+    caught, handlers = hold.caught, hold.handlers
+    while caught:
+        signum, frame = caught.pop(0)
+        try:
+            handlers[signum](signum, frame)
+        except BaseException as exc:
+            errors.append(exc)
+
+
+def _release_in_child() -> None:
+    """A fork while the main thread held signals: the child's handlers are the application's
+    again (its noted signals were the parent's)."""
+    for hold in _holds:
+        hold.over = True
+        hold.caught.clear()
+        for signum, handler in hold.handlers.items():
+            with contextlib.suppress(Exception):
+                if _signal.getsignal(signum) is hold:
+                    _signal.signal(signum, handler)
+    _holds.clear()

@@ -52,24 +52,32 @@ class ScopeRecord:
     thread: int
     start_ns: int
     end_ns: int = 0
-    rf: Any = None
-    """The scope's open ``record_function`` range (None once closed, or never opened)."""
+    rf: list[Any] | None = None
+    """The scope's ``record_function`` range: ``[exit, handle]`` while open (``[exit]``
+    while it opens: see :func:`profkit._label.scope._open`), None once closed or never
+    opened."""
 
     def close(self) -> Exception | None:
-        """Close the range and take the end time, once; returns what the range's exit raised.
+        """Close the range and take the end time; returns what the range's exit raised.
 
         Called on the scope's exit, and for every open scope when its window is cut short.
-        A range that finds no stack left to close (deep in a recursion) stays open for the
-        root call's :meth:`CallRecord.close_scopes`, which runs with stack to spare.
+        The range is ended by one C call (torch's exit op) before the record lets go of it:
+        a signal's exception can land before or after that call, never inside, and a range
+        ended twice (a retry) ends once. A range let go of unended would end when collected,
+        maybe under the next window's profiler, whose memory its end writes into (torch
+        2.13: SIGSEGV). A range that finds no stack left to close (deep in a recursion)
+        stays open for the root call's :meth:`CallRecord.close_scopes`.
         """
-        rf, self.rf = self.rf, None
+        box = self.rf
         failure: Exception | None = None
         try:
-            if rf is not None:
-                rf.__exit__(None, None, None)
+            if box is not None and len(box) == 2:
+                box[0](box[1])
+            self.rf = None
         except RecursionError:
-            self.rf = rf
+            pass
         except Exception as exc:
+            self.rf = None
             failure = exc
         finally:
             if self.end_ns == 0:

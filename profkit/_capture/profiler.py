@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from .._compat import hold_signals
 from .._config import Config
 
 __all__ = [
@@ -98,13 +99,16 @@ def measure_recording(config: Config) -> float:
     parsed events sit in reference cycles that the first sampled call's GC would pay for)."""
     bare = _ops_cpu()
     prof = make_profiler(config)
-    with ours():
-        prof.start()
-    try:
-        recorded = _ops_cpu()
-    finally:
-        prof.stop()
-        prof.profiler = None  # its kineto results freed now, by reference counting
+    # signals held from the start to the stop (a few ms; the process's first start, about a
+    # second): a signal's exception raised in between would leave the profiler on
+    with hold_signals():
+        with ours():
+            prof.start()
+        try:
+            recorded = _ops_cpu()
+        finally:
+            prof.stop()
+    prof.profiler = None  # its kineto results freed now, by reference counting
     return max(0.0, recorded - bare) / _CAL_OPS
 
 

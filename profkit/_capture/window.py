@@ -88,7 +88,7 @@ def prime(config: Config) -> float:
     """
     key = (config.activities, config.all_threads)
     _hooks.at_fork_in_child("window", _note_fork_in_child)
-    with _prime_lock, hold_signals():  # (a signal's exception inside a start: see Window)
+    with _prime_lock:
         if key in _primed or foreign_profiler_active():
             return 0.0
         global _started_in_pid
@@ -99,11 +99,14 @@ def prime(config: Config) -> float:
         with kineto_quiet():  # the process's first start, where kineto reads its log level
             _per_event[key] = measure_recording(config)
         prof = make_profiler(config)
-        with ours():
-            prof.start()
-        with torch.autograd.profiler.record_function("profkit.prime"):
-            torch.ones(2, 2).add_(1)
-        prof.stop()
+        with hold_signals():  # from the start to the stop (see Window.start and measure_recording)
+            with ours():
+                prof.start()
+            try:
+                with torch.autograd.profiler.record_function("profkit.prime"):
+                    torch.ones(2, 2).add_(1)
+            finally:
+                prof.stop()
         # import and run torch's parser once; a parse failure of this throwaway profile (the
         # first with_stack profile of a process can hold a mangled, non-UTF-8 event name) is
         # of no consequence: the expensive first start/stop is done
@@ -211,8 +214,10 @@ class Window:
                 prof.start()
         except BaseException:  # a failed start, or a signal's exception right after it
             not_ours()  # (an exception on ours()'s own last line leaves it set)
-            _force_stop(prof, all_threads=self.config.all_threads, finish=True)
-            self.prof = None
+            try:  # (a signal noted in the stop is raised at its end)
+                _force_stop(prof, all_threads=self.config.all_threads, finish=True)
+            finally:
+                self.prof = None
             raise
 
     def stop(self) -> None:
@@ -222,8 +227,10 @@ class Window:
             try:
                 with hold_signals():  # no signal's exception inside torch's stop
                     prof.stop()
-                    # the profile's references to itself plus this frame's: see release()
-                    self.stopped_refs = sys.getrefcount(prof)
+                    self.stopped_refs = -1  # stopped; counted below (a noted frame holds prof)
+                # the profile's references to itself plus this frame's: see release() (a
+                # signal's exception raised as the hold ends leaves -1: it is not freed early)
+                self.stopped_refs = sys.getrefcount(prof)
             finally:
                 # a failed stop must not leave the process-wide flag set: we would skip forever
                 if foreign_profiler_active() and not _still_enabled_here():

@@ -28,13 +28,12 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from torch.autograd.profiler import record_function
-
 from .. import _errors
 from .._capture.decide import CONTROLLED, PROFILED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.slot import SLOT
+from .._compat import range_enter, range_exit
 from .._model import CodeInfo
 from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
@@ -85,6 +84,8 @@ class _Global:
 
 
 GLOBAL = _Global()
+#: the arguments of a range: none (``range_enter(label, None)``)
+_NO_ARGS = (None,)
 
 
 def _open(
@@ -115,9 +116,12 @@ def _open(
     if call.stopped:
         return active  # the checkpoint just cut the window short: nothing to record
     try:
-        rf = record_function(label)
-        rf.__enter__()  # type: ignore[no-untyped-call]
-        record.rf = rf
+        # the range is opened and kept in one C step (``extend`` over ``map``: no Python
+        # code between torch's enter op and the list that holds its handle), so that no
+        # signal's exception can drop an open range: see ScopeRecord.close
+        box: list[Any] = [range_exit]
+        record.rf = box
+        box.extend(map(range_enter, (label,), _NO_ARGS))
         if parent is None:  # the root's range has started (a profiler's start stalls there)
             call.entered_ns = time.time_ns()
             if call.policy is Policy.SPECULATIVE:  # its thread's CPU and waits from here on

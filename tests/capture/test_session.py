@@ -92,23 +92,20 @@ def test_user_profiler_active_profkit_stays_out(mlp, batch) -> None:
 
 
 def test_off_sample_call_enters_no_record_function(monkeypatch, mlp, batch) -> None:
-    """An off-sample decorated call and its regions never touch record_function."""
+    """An off-sample decorated call and its regions never open a record_function range."""
     calls: list[str] = []
     import profkit._label.scope as scope
 
-    class Spy:
-        def __init__(self, name: str) -> None:
-            calls.append(name)
+    real = scope.range_enter
 
-        def __enter__(self) -> None:
-            return None
+    def spy(name: str, args: object) -> object:
+        calls.append(name)
+        return real(name, args)
 
-        def __exit__(self, *a: object) -> None:
-            return None
-
-    monkeypatch.setattr(scope, "record_function", Spy)
+    monkeypatch.setattr(scope, "range_enter", spy)
     with capture(sample_every=1000):
         predict(mlp, batch)  # call 0: sampled
+        assert ["predict", "inference"] == calls  # (the spy does see a sampled call's)
         calls.clear()
         for _ in range(50):
             predict(mlp, batch)
@@ -116,20 +113,27 @@ def test_off_sample_call_enters_no_record_function(monkeypatch, mlp, batch) -> N
 
 
 def test_sampled_call_enters_record_function_for_each_scope(monkeypatch, mlp, batch) -> None:
-    """Sanity for the test above: a sampled call does enter record_function per scope."""
+    """Sanity for the test above: a sampled call opens a range per scope, and ends each."""
     calls: list[str] = []
     import profkit._label.scope as scope
 
-    real = scope.record_function
+    real_enter, real_exit = scope.range_enter, scope.range_exit
+    ended: list[object] = []
 
-    def spy(name: str):  # type: ignore[no-untyped-def]
+    def spy(name: str, args: object) -> object:
         calls.append(name)
-        return real(name)
+        return real_enter(name, args)
 
-    monkeypatch.setattr(scope, "record_function", spy)
+    def exit_spy(handle: object) -> None:
+        ended.append(handle)
+        real_exit(handle)
+
+    monkeypatch.setattr(scope, "range_enter", spy)
+    monkeypatch.setattr(scope, "range_exit", exit_spy)
     with capture(sample_every=1):
         predict(mlp, batch)
     assert ["predict", "inference"] == calls
+    assert 2 == len(ended)
 
 
 def test_trigger_overrides_the_sampler(mlp, batch) -> None:

@@ -13,6 +13,7 @@ instruction of its ``__exit__``: the one case docs/reliability.md leaves open).
 
 import contextvars
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -100,9 +101,18 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.L
 x = torch.randn(8, 16)
 
 
+#: the last interruption's exception, kept (as a server's error log or ``sys.last_exc`` may
+#: keep one) until the next call's window records: its traceback's frames go then, with
+#: whatever they held. A profiler range held there and ended under the next window's
+#: session crashed torch 2.13 (SIGSEGV: a range outliving its session, 186adbd's storms)
+kept: list[BaseException] = []
+
+
 @profkit.profiled("handler")
 def profiled_handler() -> float:
     with profkit.region("forward"), torch.no_grad():
+        kept.clear()
+        gc.collect()  # (what a collection would free at any time)
         out = model(x)
     with profkit.region("post"):
         return float(out.sum())
@@ -112,6 +122,8 @@ def batched_handler() -> float:
     """Four requests' inputs in one forward (``profkit.batch``), each its own member."""
     members = [contextvars.copy_context().run(profkit.batch_member) for _ in range(4)]
     with profkit.batch("batch", members), torch.no_grad():
+        kept.clear()
+        gc.collect()  # (what a collection would free at any time)
         return float(model(x).sum())
 
 
@@ -148,8 +160,9 @@ while True:
     sys.setprofile(inj)
     try:
         handler()
-    except Injected:
+    except Injected as exc:
         raised = True
+        kept.append(exc)
     finally:
         sys.setprofile(None)
     if inj.seen < k:  # the call ran out of points before the k-th
