@@ -53,30 +53,27 @@ class ScopeRecord:
     start_ns: int
     end_ns: int = 0
     rf: list[Any] | None = None
-    """The scope's ``record_function`` range: ``[exit, handle]`` while open (``[exit]``
-    while it opens: see :func:`profkit._label.scope._open`), None once closed or never
-    opened."""
+    """The scope's ``record_function`` range: ``[handle]`` while open (``[]`` while it
+    opens: see :func:`profkit._label.scope._open`), None once closed or never opened."""
 
     def close(self) -> Exception | None:
         """Close the range and take the end time; returns what the range's exit raised.
 
         Called on the scope's exit, and for every open scope when its window is cut short.
-        The range is ended by one C call (torch's exit op) before the record lets go of it:
-        a signal's exception can land before or after that call, never inside, and a range
-        ended twice (a retry) ends once. A range let go of unended would end when collected,
-        maybe under the next window's profiler, whose memory its end writes into (torch
-        2.13: SIGSEGV). A range that finds no stack left to close (deep in a recursion)
-        stays open for the root call's :meth:`CallRecord.close_scopes`.
+        The range ends when its handle goes (torch's ``_RecordFunction`` ends its range as
+        it is destroyed): the ``clear()`` of the list that holds it, one C call, so a
+        signal's exception lands before or after the end, never inside, and a retry finds
+        nothing left to end. A range let go of unended elsewhere (a traceback, a reference
+        cycle) would end when collected, maybe under the next window's profiler, whose
+        memory its end writes into (torch 2.13: SIGSEGV).
         """
         box = self.rf
         failure: Exception | None = None
         try:
-            if box is not None and len(box) == 2:
-                box[0](box[1])
+            if box:
+                box.clear()  # the range ends here
             self.rf = None
-        except RecursionError:
-            pass
-        except Exception as exc:
+        except Exception as exc:  # (torch's end callbacks run in a destructor: none raise)
             self.rf = None
             failure = exc
         finally:

@@ -33,7 +33,7 @@ from .._capture.decide import CONTROLLED, PROFILED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.slot import SLOT
-from .._compat import range_enter, range_exit
+from .._compat import range_enter
 from .._model import CodeInfo
 from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
@@ -119,7 +119,7 @@ def _open(
         # the range is opened and kept in one C step (``extend`` over ``map``: no Python
         # code between torch's enter op and the list that holds its handle), so that no
         # signal's exception can drop an open range: see ScopeRecord.close
-        box: list[Any] = [range_exit]
+        box: list[Any] = []
         record.rf = box
         box.extend(map(range_enter, (label,), _NO_ARGS))
         if parent is None:  # the root's range has started (a profiler's start stalls there)

@@ -6,19 +6,19 @@ busy while ranges went through torch's Python ``record_function`` class)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from profkit._compat import range_enter, range_exit
+from profkit._compat import range_enter
 from profkit._records import ScopeRecord
 
 
 def _opened(label: str) -> ScopeRecord:
     record = ScopeRecord(label, -1, {}, None, 0, 0)
-    box: list[Any] = [range_exit]
+    box: list[Any] = []
     record.rf = box
     box.extend(map(range_enter, (label,), (None,)))  # as profkit._label.scope._open does
     return record
@@ -41,35 +41,32 @@ def test_a_range_is_a_user_annotation_ended_once() -> None:
     assert 1 == _ranges(prof, "profkit.test.range")
 
 
-def test_an_exception_right_after_the_end_keeps_the_range_for_the_retry() -> None:
-    """A signal's exception (here ``KeyboardInterrupt``) landing right after torch's exit op
-    returned: the record still holds the range, the retry ends it again (which does
-    nothing) and lets it go; the profile has it once."""
+def test_the_range_ends_as_the_record_lets_go_of_it_and_a_retry_ends_nothing() -> None:
+    """The range's end is the handle's destruction, in the close's one ``clear()``: its end
+    time is the close's, not a later collection's; a second close (a retry after a
+    signal's exception) finds nothing to end, and the profile has the range once."""
     prof = profile(activities=[ProfilerActivity.CPU])
     prof.start()
     record = _opened("profkit.test.retry")
     assert record.rf is not None
-
-    def exit_then_interrupt(handle: Any) -> None:
-        range_exit(handle)
-        raise KeyboardInterrupt  # where a handler runs: as the C call returns
-
-    record.rf[0] = exit_then_interrupt
-    with pytest.raises(KeyboardInterrupt):
-        record.close()
-    assert record.rf is not None
-    assert len(record.rf) == 2
-    record.rf[0] = range_exit
-    assert record.close() is None
+    assert 1 == len(record.rf)
+    record.close()
+    time.sleep(0.02)
+    record.close()  # the retry
     assert record.rf is None
     prof.stop()
     assert 1 == _ranges(prof, "profkit.test.retry")
+    (event,) = [
+        e for e in prof.profiler.kineto_results.events() if e.name() == "profkit.test.retry"
+    ]
+    assert event.is_user_annotation()
+    assert event.end_ns() - event.start_ns() < 15_000_000  # ended at the close, not 20 ms on
 
 
 def test_a_range_opening_cut_before_torchs_op_holds_nothing_to_end() -> None:
-    """The box is the record's before the op runs: an exception before it leaves ``[exit]``,
-    which the close lets go of without calling anything."""
+    """The box is the record's before the op runs: an exception before it leaves ``[]``,
+    which the close lets go of."""
     record = ScopeRecord("profkit.test.none", -1, {}, None, 0, 0)
-    record.rf = [range_exit]
+    record.rf = []
     assert record.close() is None
     assert record.rf is None
