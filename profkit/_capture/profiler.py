@@ -27,6 +27,7 @@ __all__ = [
     "not_ours",
     "ours",
     "ours_starting",
+    "recording",
     "resolve_activities",
 ]
 
@@ -94,20 +95,27 @@ def make_profiler(config: Config) -> profile:
     )
 
 
+@contextlib.contextmanager
+def recording(prof: profile) -> Iterator[None]:
+    """``prof`` started by profkit, the block run under it, then stopped: with signals held
+    throughout (a few ms; the process's first start, about a second), since a signal's
+    exception raised between the start and the stop would leave the profiler on."""
+    with hold_signals():
+        with ours():
+            prof.start()
+        try:
+            yield
+        finally:
+            prof.stop()
+
+
 def measure_recording(config: Config) -> float:
     """CPU seconds the profiler adds per recorded op on this thread (a profile never parsed:
     parsed events sit in reference cycles that the first sampled call's GC would pay for)."""
     bare = _ops_cpu()
     prof = make_profiler(config)
-    # signals held from the start to the stop (a few ms; the process's first start, about a
-    # second): a signal's exception raised in between would leave the profiler on
-    with hold_signals():
-        with ours():
-            prof.start()
-        try:
-            recorded = _ops_cpu()
-        finally:
-            prof.stop()
+    with recording(prof):
+        recorded = _ops_cpu()
     prof.profiler = None  # its kineto results freed now, by reference counting
     return max(0.0, recorded - bare) / _CAL_OPS
 

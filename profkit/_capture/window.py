@@ -36,7 +36,7 @@ from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
 from .._summary.raw import read_cpu_events
 from . import hooks as _hooks
-from .profiler import cpu_only, make_profiler, measure_recording, not_ours, ours
+from .profiler import cpu_only, make_profiler, measure_recording, not_ours, ours, recording
 
 __all__ = [
     "Unreadable",
@@ -99,14 +99,8 @@ def prime(config: Config) -> float:
         with kineto_quiet():  # the process's first start, where kineto reads its log level
             _per_event[key] = measure_recording(config)
         prof = make_profiler(config)
-        with hold_signals():  # from the start to the stop (see Window.start and measure_recording)
-            with ours():
-                prof.start()
-            try:
-                with torch.autograd.profiler.record_function("profkit.prime"):
-                    torch.ones(2, 2).add_(1)
-            finally:
-                prof.stop()
+        with recording(prof), torch.autograd.profiler.record_function("profkit.prime"):
+            torch.ones(2, 2).add_(1)
         # import and run torch's parser once; a parse failure of this throwaway profile (the
         # first with_stack profile of a process can hold a mangled, non-UTF-8 event name) is
         # of no consequence: the expensive first start/stop is done
