@@ -8,9 +8,11 @@ What is charged (each piece measured with ``time.thread_time`` on the thread tha
 
 The share is that CPU time over the process's (``time.process_time``: every thread) over the
 last 9-10 seconds: checkpoints are taken at most once a second and the oldest of the last
-ten is the interval's start. What is not charged, because it cannot be told apart from the
-host's own work: the off-sample cost of each root call (well under a microsecond; see
-docs/performance.md) and the span processor's own export thread.
+ten is the interval's start. The decision of a root call left unprofiled is charged too,
+sampled: one root call in 256 is timed and charged 256 times over (each sample at most 50 µs)
+(:meth:`profkit._capture.decide.Decider.decide`). What is not charged: the rest of a root
+call's off-sample path (its frame, its context variable), nested regions, and the span
+processor's own export thread.
 
 A sampled call itself, while its window records (from the decision to its end: the
 profiler's per-op recording, the root's ``record_function`` ranges, whatever the code does

@@ -66,6 +66,7 @@ from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceId
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
 from .._text import escape
+from .gate import Gate
 from .keeper import WindowKeeper, held_here
 from .slot import SLOT
 
@@ -86,8 +87,13 @@ _SAMPLED = TraceFlags.SAMPLED
 _YES = frozenset({"1", "true", "yes"})
 #: the clock of a timed call (``TIMED``): ``perf_counter_ns``
 _CLOCK = time.perf_counter_ns
-#: seconds an over-budget verdict stands before the CPU share is read again
-_OVER_RECHECK_S = 0.01
+#: one root call in ``_TIMED_EVERY`` (a power of two) has its decision timed on its thread's
+#: CPU clock and charged that many times over (a call left unprofiled: a window's start is
+#: charged by the keeper), each sample at most ``_TIMED_CAP_NS`` (a garbage collection or a
+#: signal handler that ran inside it is not the decision's, and would be charged 256 times)
+_TIMED_EVERY = 256
+_TIMED_CAP_NS = 50_000
+_thread_ns = time.thread_time_ns
 
 
 class Kind(enum.Enum):
@@ -123,38 +129,6 @@ def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
         return TraceIdRatio(config.sample_rate, cold=config.cold_calls)
     return EveryN(config.every or 100, cold=config.cold_calls)
-
-
-class Gate:
-    """The gates before a window (rule 4): the export queue has room, profkit is within its
-    CPU budget (``max_overhead``)."""
-
-    def __init__(self, config: Config, stats: Stats, pipeline: ExportPipeline) -> None:
-        self._stats = stats
-        self._pipeline = pipeline
-        self._budget = config.max_overhead
-        #: ``time.monotonic()`` until which profkit is known to be over its budget
-        self._over_until = 0.0
-
-    def refused(self) -> str | None:
-        """The gate before a window: the queue has room, profkit is within its budget."""
-        if self._pipeline.full():
-            return "skipped_backlog"
-        if self._budget is not None and self.over_budget():
-            return "skipped_budget"
-        return None
-
-    def over_budget(self) -> bool:
-        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
-        without asking (the share reads the process's CPU clock, a system call)."""
-        now = time.monotonic()
-        if now < self._over_until:
-            return True
-        assert self._budget is not None
-        if self._stats.cpu.share() >= self._budget:
-            self._over_until = now + _OVER_RECHECK_S
-            return True
-        return False
 
 
 class Controls:
@@ -245,11 +219,16 @@ class Decider:
         #: the sink of an unprofiled call's wall-clock time (the Session sets it: ``timed``)
         self.timed: Any = None
 
-    def decide(self, label: str, speculate: bool = True, sync: bool = True) -> Decision:
+    def decide(
+        self, label: str, speculate: bool = True, sync: bool = True, counted: bool = False
+    ) -> Decision:
         """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
         never timed nor speculative; ``sync=False``: a coroutine's or a generator's, whose
-        thread's CPU time is not its own, never a control call nor timed for the budget)."""
-        next(self._roots)  # every off-sample call passes here: a C call, no lock
+        thread's CPU time is not its own, never a control call nor timed for the budget;
+        ``counted``: :func:`_timed`'s call, already counted)."""
+        # every off-sample call passes here: a C call, no lock, and one int operation
+        if not counted and not next(self._roots) & (_TIMED_EVERY - 1):
+            return _timed(self, label, speculate, sync)
         otel = otel_current()  # empty (falsy) when no span is active: no lookup
         span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
         parent: SpanContext | None = span.get_span_context() if span is not None else None
@@ -332,7 +311,7 @@ class Decider:
             return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
         cold = next(self._by_label.get(label) or self._first(label)) is COLD
         if self.triggered.take(label):
-            return self._joined(keeper.join(win, Policy.TRIGGER, parent), cold)
+            return _joined(keeper.join(win, Policy.TRIGGER, parent), cold)
         if self._baggage and otel and asks_to_profile(otel):
             refused = self._refused() or (
                 None if keeper.spend_rate_token() else "skipped_rate_limit"
@@ -340,15 +319,10 @@ class Decider:
             if refused is not None:
                 next(self._stats.refused[refused])
                 return self._off()  # recorded by the window's profiler all the same, never read
-            return self._joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
+            return _joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
         if not speculate or cold:  # a generator: its first yield would cut the window short;
             return self._off()  # a cold call is not judged against the label's warm calls
         return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
-
-    @staticmethod
-    def _joined(call: CallRecord, cold: bool) -> Decision:
-        call.cold = cold
-        return (PROFILED, call)
 
     def _open(
         self,
@@ -397,3 +371,20 @@ class Decider:
                 return (PROFILED, call)
             spec.refused()
         return (TIMED, time.perf_counter_ns())
+
+
+def _joined(call: CallRecord, cold: bool) -> Decision:
+    call.cold = cold
+    return (PROFILED, call)
+
+
+def _timed(decider: Decider, label: str, speculate: bool, sync: bool) -> Decision:
+    """One root call in ``_TIMED_EVERY``: its decision timed on this thread's CPU clock and,
+    left unprofiled, charged for all of them (the budget's share of the calls it does not
+    profile: a refused pick, an off-sample call; docs/performance.md)."""
+    t0 = _thread_ns()
+    decision = decider.decide(label, speculate, sync, True)
+    if decision[0] is not PROFILED:
+        took = min(_thread_ns() - t0, _TIMED_CAP_NS)
+        decider._stats.cpu.charge(took * _TIMED_EVERY / 1e9)
+    return decision

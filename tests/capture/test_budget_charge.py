@@ -317,3 +317,61 @@ def test_labels_sampled_and_never_refused_do_not_lock_out_a_later_one() -> None:
             hot()  # the first one turned away: hot's control call
         assert session.controls.baselines.get("hot") is not None
         assert len(session.control_due) <= 256
+
+
+def test_the_decision_of_calls_left_unprofiled_is_charged_one_timed_call_in_256(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A root call left unprofiled costs its decision (issue 22: on a pool thread beside busy
+    neighbours, a budget-refused call's decision took 7-12 µs, 0.4-0.5 points of the process's
+    CPU that nothing charged). One root call in 256 is timed on its thread's CPU clock and
+    charged 256 times what its decision took (at most 50 µs: not a collection's or a
+    signal handler's time): here a clock that moves 1 µs a read."""
+    from profkit._capture import decide
+
+    ticks = iter(range(0, 10**12, 1000))
+    monkeypatch.setattr(decide, "_thread_ns", lambda: next(ticks), raising=False)
+
+    @profkit.profiled("cheap")
+    def handler() -> int:
+        return 1
+
+    with capture(sample_every=10**9, cold_calls=0, exporters=()):
+        session = get_session()
+        assert session is not None
+        assert handler() == 1  # the label's first call: its pick (1 in N), its window
+        session.force_flush(10.0)
+        spent0 = session.stats.cpu.spent
+        for _ in range(256 * 25):
+            assert handler() == 1
+        spent = session.stats.cpu.spent - spent0
+        roots = profkit.stats()["root_calls"]
+    assert roots == 1 + 256 * 25  # the timed calls are counted once, like every other
+    assert spent == pytest.approx(25 * 256 * 1e-6)  # 25 timed calls, 1 µs each, 256 times
+
+
+def test_a_timed_decision_that_opens_a_window_is_not_charged_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window's start is charged where it happens (the keeper): a timed call that opens
+    one adds nothing for its decision, or one window would be charged 256 starts."""
+    from profkit._capture import decide
+
+    ticks = iter(range(0, 10**15, 10**9))  # 1 s a read, uncapped: a charge would show
+    monkeypatch.setattr(decide, "_thread_ns", lambda: next(ticks), raising=False)
+    monkeypatch.setattr(decide, "_TIMED_CAP_NS", 10**15, raising=False)
+
+    @profkit.profiled("every")
+    def handler() -> int:
+        return 1
+
+    with capture(sample_every=1, cold_calls=0, exporters=(), max_per_minute=None):
+        session = get_session()
+        assert session is not None
+        for _ in range(256 * 2):
+            assert handler() == 1
+            session.force_flush(10.0)  # the slot free again: every call opens a window
+        spent = session.stats.cpu.spent
+        sampled = profkit.stats()["sampled"]
+    assert sampled == 256 * 2
+    assert spent < 60.0  # every window's own cost is far below a second; a decision's 256 s
