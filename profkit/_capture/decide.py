@@ -45,6 +45,9 @@ with no frame of its own; with ``metrics`` off the usual path reads one attribut
 
 A trigger or a rate-cap token is spent only once a window opens for the call; the
 sampler's pick is the sampling point (a picked call refused is counted under its reason).
+
+One root call in 256 has its decision timed on its thread's CPU clock; left unprofiled, it is
+charged 256 times that to the overhead budget (:func:`_timed`, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ _CLOCK = time.perf_counter_ns
 #: CPU clock and charged that many times over (a call left unprofiled: a window's start is
 #: charged by the keeper), each sample at most ``_TIMED_CAP_NS`` (a garbage collection or a
 #: signal handler that ran inside it is not the decision's, and would be charged 256 times)
-_TIMED_EVERY = 256
+_TIMED_EVERY = 256  # (decide's mask is its literal 255: a constant, no global read)
 _TIMED_CAP_NS = 50_000
 _thread_ns = time.thread_time_ns
 
@@ -227,7 +230,7 @@ class Decider:
         thread's CPU time is not its own, never a control call nor timed for the budget;
         ``counted``: :func:`_timed`'s call, already counted)."""
         # every off-sample call passes here: a C call, no lock, and one int operation
-        if not counted and not next(self._roots) & (_TIMED_EVERY - 1):
+        if not counted and not next(self._roots) & 255:  # 1 in _TIMED_EVERY: a constant
             return _timed(self, label, speculate, sync)
         otel = otel_current()  # empty (falsy) when no span is active: no lookup
         span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
