@@ -36,7 +36,16 @@ from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
 from .._summary.raw import read_cpu_events
 from . import hooks as _hooks
-from .profiler import cpu_only, make_profiler, measure_recording, not_ours, ours, recording
+from .profiler import (
+    cpu_only,
+    make_profiler,
+    measure_recording,
+    not_ours,
+    ours,
+    recording,
+    start_profile,
+    stop_profile,
+)
 
 __all__ = [
     "Unreadable",
@@ -205,7 +214,7 @@ class Window:
         self.prof = prof
         try:
             with ours(), hold_signals():  # no signal's exception inside torch's start
-                prof.start()
+                start_profile(prof)
         except BaseException:  # a failed start, or a signal's exception right after it
             not_ours()  # (an exception on ours()'s own last line leaves it set)
             try:  # (a signal noted in the stop is raised at its end)
@@ -220,7 +229,7 @@ class Window:
         if prof is not None and not self.stopped_refs:  # (stopped once: no second disable)
             try:
                 with hold_signals():  # no signal's exception inside torch's stop
-                    prof.stop()
+                    stop_profile(prof)
                     self.stopped_refs = -1  # stopped; counted below (a noted frame holds prof)
                 # the profile's references to itself plus this frame's: see release() (a
                 # signal's exception raised as the hold ends leaves -1: it is not freed early)
@@ -342,7 +351,7 @@ def _force_stop(prof: profile, *, all_threads: bool, finish: bool = False) -> No
         enabled_here = _still_enabled_here()
         with contextlib.suppress(Exception):  # the failed start is the error that gets reported
             if all_threads or enabled_here:
-                prof.stop()
+                stop_profile(prof)
         if finish and not disabled and (all_threads or not enabled_here):
             with contextlib.suppress(Exception), ours():
                 if not _still_enabled_here():

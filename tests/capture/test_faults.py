@@ -19,6 +19,7 @@ import torch.autograd.profiler as autograd_profiler
 
 import profkit
 from profkit._capture import window as _window
+from profkit._capture.profiler import KINETO_BASE
 from profkit._global import get_session
 from profkit._summary import raw as _raw
 from profkit.testing import CaptureExporter, capture
@@ -130,14 +131,14 @@ def test_profiler_start_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_profiler_start_raises_half_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """A start that enabled the profiler and then raised is undone: no profiler left on."""
-    real_start = torch.profiler.profile.start
+    real_start = KINETO_BASE.start  # torch's start, as profkit calls it
 
     def half_start(self: torch.profiler.profile) -> None:
         real_start(self)
         raise RuntimeError("failed after enabling")
 
     with capture(sample_every=1) as cap:
-        monkeypatch.setattr(torch.profiler.profile, "start", half_start)
+        monkeypatch.setattr(KINETO_BASE, "start", half_start)
         assert EXPECTED == predict(X)
         monkeypatch.undo()
         assert autograd_profiler._is_profiler_enabled is False
@@ -151,7 +152,7 @@ def test_profiler_start_raises_half_way(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_profiler_stop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failing stop drops the window, counted; the user's own exception passes unchanged."""
-    real_stop = torch.profiler.profile.stop
+    real_stop = KINETO_BASE.stop  # torch's stop, as profkit calls it
 
     def broken_stop(self: torch.profiler.profile) -> None:
         real_stop(self)
@@ -164,7 +165,7 @@ def test_profiler_stop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         raise mine
 
     with capture(sample_every=1) as cap:
-        monkeypatch.setattr(torch.profiler.profile, "stop", broken_stop)
+        monkeypatch.setattr(KINETO_BASE, "stop", broken_stop)
         assert EXPECTED == predict(X)
         with pytest.raises(ValueError) as caught:
             fails()
