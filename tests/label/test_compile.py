@@ -135,3 +135,40 @@ def test_compiled_labels_are_named_in_the_summary() -> None:
     (call,) = cap.calls
     expected = ("Labelled.scale", "Labelled.shift", "activation", "forward", "inner")
     assert expected == call.compiled_labels
+
+
+def test_compiled_calls_between_windows_run_as_without_profkit() -> None:
+    """Windows come and go around a warmed compiled model: no recompile, and every call
+    between two windows runs with no profiler on, so compiled code (Inductor's checks
+    ``torch.autograd.profiler._is_profiler_enabled``) takes the path it takes without
+    profkit (issue 22; the time ratio is ``bench/window_cost.py``'s compiled row)."""
+    model, backend, x = Labelled().eval(), CountingBackend(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    seen: list[tuple[bool, bool]] = []
+
+    @profkit.profiled("serve_compiled")
+    def handler(batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            out: torch.Tensor = compiled(batch)
+        seen.append(
+            (
+                bool(torch.autograd.profiler._is_profiler_enabled),
+                bool(torch._C._autograd._profiler_enabled()),
+            )
+        )
+        return out
+
+    handler(x)  # compiles, unconfigured
+    assert 1 == backend.graphs
+    seen.clear()
+    with capture(sample_every=5, cold_calls=0) as cap:
+        for _ in range(40):
+            handler(x)
+    assert 1 == backend.graphs  # the windows' start and stop made dynamo recompile nothing
+    sampled = cap.stats["sampled"]
+    assert sampled >= 7, cap.stats  # 1-in-5 of 40 calls, the first sampled too
+    assert len(cap.calls) == sampled
+    on = [s for s in seen if s[0] or s[1]]
+    assert len(on) == sampled  # the sampled calls, where both flags are on together
+    assert all(s == (True, True) for s in on)
+    assert len(seen) - len(on) == 40 - sampled  # every other call: no profiler at all
