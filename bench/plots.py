@@ -9,6 +9,9 @@ updates docs/performance.md, into ``docs/images/bench/``, which that page shows:
   ``record_function`` and the bare call (ns, median with the interquartile range);
 * ``window_parts.svg``: what one sampled call costs on the request path, by part (torch's
   profiler start/stop, profkit beyond it, recording), per model and top_k;
+* ``window_cost.svg``: one sampled call's process CPU beyond the bare call, torch's raw
+  start+call+stop against profkit's by thread (request thread less the call itself, export
+  worker, exporter threads);
 * ``throughput.svg``: end-to-end requests per second by sampling rate, against the same
   service without profkit.
 """
@@ -90,7 +93,7 @@ def stacked(
             )
             x += w
         body.append(
-            f'<text x="{x + 6:.1f}" y="{y + 16}">{sum(values):.3f} {html.escape(unit)}</text>'
+            f'<text x="{x + 6:.1f}" y="{y + 16}">{_fmt(sum(values))} {html.escape(unit)}</text>'
         )
     y = 40 + len(rows) * _ROW
     for k, part in enumerate(parts):
@@ -135,6 +138,24 @@ def window_parts(result: dict[str, Any]) -> str:
     return stacked(title, rows, parts, "ms")
 
 
+def window_cost(result: dict[str, Any]) -> str:
+    threads = result["threads"]
+    bare = result["us"]["bare"]["median"]
+    names = ("MainThread", "profkit-export", "profkit-otel", "profkit-log")
+    parts = ("request thread", "export worker", "span exporter", "log exporter", "other")
+    mine = [threads.get(n, {"median": 0.0})["median"] for n in names]
+    mine[0] = max(mine[0] - bare, 0.0)  # the request thread's figure includes the call
+    rest = result["us"]["profkit"]["median"] - sum(mine)
+    torch_raw = result["us"]["torch raw"]["median"]
+    rows = [
+        ("torch raw start+call+stop", [torch_raw, 0.0, 0.0, 0.0, 0.0]),
+        ("profkit sampled call + export", [*mine, max(rest, 0.0)]),
+    ]
+    ratio = result["ratio"]["median"]
+    title = f"One window's process CPU beyond the call (µs, medians; {ratio:.2f}x; {_when(result)})"
+    return stacked(title, rows, parts, "µs")
+
+
 def throughput(result: dict[str, Any], labels: dict[str, str]) -> str:
     rows = [(labels.get(mode, mode), *_spread(r["rps"])) for mode, r in result["rows"].items()]
     title = "End to end: requests per second by sampling rate (median, IQR)"
@@ -149,6 +170,8 @@ def write_all(results: dict[str, dict[str, Any]], folder: Path) -> list[Path]:
         made["off_sample.svg"] = off_sample(results["overhead"])
     if "sampled" in results:
         made["window_parts.svg"] = window_parts(results["sampled"])
+    if "window_cost" in results:
+        made["window_cost.svg"] = window_cost(results["window_cost"])
     if "e2e" in results:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from e2e import LABELS

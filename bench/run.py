@@ -36,7 +36,17 @@ DOC = ROOT / "docs" / "performance.md"
 PLOTS = ROOT / "docs" / "images" / "bench"
 START = "<!-- bench:start -->"
 END = "<!-- bench:end -->"
-SECTIONS = ("overhead", "sampled", "first_call", "export", "slow", "budget", "budget_load", "e2e")
+SECTIONS = (
+    "overhead",
+    "sampled",
+    "window_cost",
+    "first_call",
+    "export",
+    "slow",
+    "budget",
+    "budget_load",
+    "e2e",
+)
 
 #: what each target means, for the summary table
 TARGETS = {
@@ -65,6 +75,10 @@ TARGETS = {
     "sampled_overhead_ms": (
         "Sampled call on the MLP: start + stop + hand-off beyond per-op recording",
         "ms",
+    ),
+    "window_cost_ratio": (
+        "Sampled MLP call + its export (otel + log), process CPU / torch's raw start+call+stop",
+        "x",
     ),
     "summarise_off_request_path": (
         "Growth of profkit's request-path share across top_k 5..100 and 10x events "
@@ -176,6 +190,7 @@ def render(results: dict[str, dict[str, Any]], quick: bool, total_s: float) -> s
     titles = {
         "overhead": "Off-sample overhead (CPU ns per call; added = variant - bare, per round)",
         "sampled": "Sampled call: the request path",
+        "window_cost": "Per-window CPU against torch's raw start and stop (all threads)",
         "first_call": "First sampled call after configure() (fresh processes)",
         "export": "Export pipeline",
         "slow": "Slow-call capture",

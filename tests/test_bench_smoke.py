@@ -30,6 +30,8 @@ def test_bench_quick_run_prints_every_table() -> None:
         "### Off-sample overhead",
         "| profiled, off-sample root |",
         "### Sampled call: the request path",
+        "### Per-window CPU against torch's raw start and stop (all threads)",
+        "| ratio profkit / torch raw, round by round |",
         "### First sampled call after configure() (fresh processes)",
         "### Export pipeline",
         "| 10k |",
