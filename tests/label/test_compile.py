@@ -141,7 +141,7 @@ def test_compiled_calls_between_windows_run_as_without_profkit() -> None:
     """Windows come and go around a warmed compiled model: no recompile, and every call
     between two windows runs with no profiler on, so compiled code (Inductor's checks
     ``torch.autograd.profiler._is_profiler_enabled``) takes the path it takes without
-    profkit (issue 22; the time ratio is ``bench/window_cost.py``'s compiled row)."""
+    profkit (issue 22; docs/performance.md, "Compiled models between windows")."""
     model, backend, x = Labelled().eval(), CountingBackend(), torch.randn(4, 8)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     seen: list[tuple[bool, bool]] = []
