@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -49,6 +49,19 @@ def mlp() -> torch.nn.Module:
 def batch() -> torch.Tensor:
     """A batch for the MLP."""
     return torch.randn(32, 64)
+
+
+@pytest.fixture
+def predict(mlp: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP behind a ``@profiled("predict")`` handler with one ``region("forward")``."""
+
+    @profkit.profiled("predict")
+    def predict(batch: torch.Tensor) -> torch.Tensor:
+        with profkit.region("forward"), torch.no_grad():
+            out: torch.Tensor = mlp(batch)
+        return out
+
+    return predict
 
 
 __all__ = ["profkit"]

@@ -18,23 +18,12 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import profkit
 from profkit.testing import capture
-
-
-def _handler(mlp: torch.nn.Module) -> Any:
-    @profkit.profiled("predict")
-    def predict(batch: torch.Tensor) -> torch.Tensor:
-        with profkit.region("forward"), torch.no_grad():
-            out: torch.Tensor = mlp(batch)
-        return out
-
-    return predict
 
 
 @pytest.mark.timeout(120)
 def test_a_window_does_not_walk_torchs_schedule_table(
-    monkeypatch: pytest.MonkeyPatch, mlp: torch.nn.Module, batch: torch.Tensor
+    monkeypatch: pytest.MonkeyPatch, predict: Any, batch: torch.Tensor
 ) -> None:
     walks: list[Any] = []
     original = profile._transit_action
@@ -44,7 +33,6 @@ def test_a_window_does_not_walk_torchs_schedule_table(
         original(self, prev, cur)
 
     monkeypatch.setattr(profile, "_transit_action", counted)
-    predict = _handler(mlp)
     with capture(sample_every=1, record_shapes=True) as cap:
         for _ in range(3):
             predict(batch)
@@ -60,9 +48,8 @@ def test_a_window_does_not_walk_torchs_schedule_table(
 
 @pytest.mark.timeout(120)
 def test_the_trace_file_keeps_torchs_metadata(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
-    predict = _handler(mlp)
     with capture(sample_every=1, record_shapes=True, trace_dir=str(tmp_path)) as cap:
         predict(batch)
     paths = [w.trace_path for w in cap.windows if w.trace_path]
@@ -78,11 +65,10 @@ def test_the_trace_file_keeps_torchs_metadata(
 
 @pytest.mark.timeout(120)
 def test_a_users_profiler_after_profkits_windows_records_as_usual(
-    mlp: torch.nn.Module, batch: torch.Tensor
+    predict: Any, batch: torch.Tensor
 ) -> None:
     """The user's own ``torch.profiler.profile`` (with its schedule step) after and around
     profkit's windows: its events are all there, and profkit skips while it runs."""
-    predict = _handler(mlp)
     with capture(sample_every=1) as cap:
         predict(batch)
         with profile(activities=[ProfilerActivity.CPU]) as user:

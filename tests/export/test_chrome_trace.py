@@ -44,23 +44,12 @@ def _listing(directory: Path) -> list[str]:
     return sorted(str(p) for p in directory.iterdir())
 
 
-def _predictor(mlp: torch.nn.Module) -> Any:
-    @profkit.profiled("predict")
-    def predict(batch: torch.Tensor) -> torch.Tensor:
-        with profkit.region("forward"), torch.no_grad():
-            out: torch.Tensor = mlp(batch)
-        return out
-
-    return predict
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("gzipped", [True, False])
 def test_count_retention_keeps_the_newest_files(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor, gzipped: bool
+    tmp_path: Path, predict: Any, batch: torch.Tensor, gzipped: bool
 ) -> None:
     """After 50 windows with trace_max_files=5 exactly the 5 newest remain, 0600, parseable."""
-    predict = _predictor(mlp)
     directory = tmp_path / "traces"
     with capture(
         sample_every=1,
@@ -89,10 +78,9 @@ def test_count_retention_keeps_the_newest_files(
 
 @pytest.mark.timeout(60)
 def test_trace_path_is_on_the_span_and_the_summary(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """Each call's span names the trace file of its window; the file holds the call's ops."""
-    predict = _predictor(mlp)
     with capture(sample_every=1, trace_dir=str(tmp_path), trace_gzip=False) as cap:
         predict(batch)
     (call,) = cap.calls
@@ -107,10 +95,9 @@ def test_trace_path_is_on_the_span_and_the_summary(
 
 @pytest.mark.timeout(60)
 def test_byte_retention_keeps_the_newest_that_fit(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """With trace_max_bytes the newest files whose sizes add up to at most the limit remain."""
-    predict = _predictor(mlp)
     probe = SizeRecorder()
     with capture(
         sample_every=1, trace_dir=str(tmp_path / "probe"), trace_gzip=False, extra_exporters=[probe]
@@ -144,10 +131,9 @@ def test_byte_retention_keeps_the_newest_that_fit(
 
 @pytest.mark.timeout(60)
 def test_newest_file_is_kept_even_over_the_byte_limit(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """A limit smaller than one file still keeps the newest file (and only it)."""
-    predict = _predictor(mlp)
     with capture(
         sample_every=1, trace_dir=str(tmp_path), trace_gzip=False, trace_max_bytes=1
     ) as cap:
@@ -158,10 +144,9 @@ def test_newest_file_is_kept_even_over_the_byte_limit(
 
 @pytest.mark.timeout(60)
 def test_other_files_in_the_directory_are_left_alone(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """Retention only removes profkit's own trace files."""
-    predict = _predictor(mlp)
     keep = tmp_path / "notes.json"
     keep.write_text("{}")
     with capture(sample_every=1, trace_dir=str(tmp_path), trace_max_files=1) as cap:
@@ -173,12 +158,11 @@ def test_other_files_in_the_directory_are_left_alone(
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_failed_trace_write_is_counted_and_spans_still_go_out(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """A trace directory that cannot be created costs the file only: counted, spans exported."""
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    predict = _predictor(mlp)
     with capture(sample_every=1, trace_dir=str(blocker)) as cap:
         for _ in range(2):
             predict(batch)
@@ -192,10 +176,9 @@ def test_failed_trace_write_is_counted_and_spans_still_go_out(
 
 @pytest.mark.timeout(60)
 def test_retention_keeps_lookalike_files_and_ignores_stray_ones(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """Only files named exactly as profkit names them are pruned; others never break pruning."""
-    predict = _predictor(mlp)
     user_files = [
         tmp_path / "profkit-notes.txt",
         tmp_path / "profkit-1-my-important-notes.json",
@@ -221,10 +204,9 @@ def test_retention_keeps_lookalike_files_and_ignores_stray_ones(
 
 @pytest.mark.timeout(60)
 def test_directories_profkit_creates_are_owner_only(
-    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+    tmp_path: Path, predict: Any, batch: torch.Tensor
 ) -> None:
     """A trace_dir that does not exist is created 0700, parents included; existing ones stay."""
-    predict = _predictor(mlp)
     tmp_path.chmod(0o755)
     directory = tmp_path / "a" / "b" / "traces"
     with capture(sample_every=1, trace_dir=str(directory)):
