@@ -22,8 +22,8 @@ from .._compat import hold_signals
 from .._config import Config
 
 #: the class whose ``start``/``stop`` profkit calls: the base class of
-#: ``torch.profiler.profile`` (torch 1.11-2.13), or None (then the profile's own); tests
-#: patch it to fault torch's start and stop
+#: ``torch.profiler.profile`` (its start and stop are the same two calls in torch 2.3-2.13),
+#: or None (then the profile's own); tests patch it to fault torch's start and stop
 KINETO_BASE: Any = getattr(torch.profiler.profiler, "_KinetoProfile", None)
 
 __all__ = [
