@@ -196,6 +196,18 @@ class SteppedAsyncGen:
             self._scope.finish(None)
         return result
 
+    def __del__(self) -> None:
+        """Dropped before its end (``break`` out of ``async for``, a client that went away
+        from a streaming response): the scope ends as if closed, so the sampled call is
+        exported and its window closes. (A real async generator is closed by the event
+        loop's finalizer hook; this object is not one. The generator it wraps still is.)"""
+        try:
+            scope = self._scope
+            if scope.open:
+                scope.finish(None)
+        except Exception:  # never raise from a finalizer: at worst the window
+            pass  # is cut short at its max_window_s
+
 
 class _InScope:
     """An awaitable run by :func:`drive` (its frame set per step, the scope left open)."""
@@ -268,6 +280,11 @@ class Stepped:
         entered = self._entered
         if entered is not None and entered.session is not None and not entered.call.stopped:
             yielded(entered.call)
+
+    @property
+    def open(self) -> bool:
+        """Entered and not finished: there is a scope (or an unprofiled root) to end."""
+        return self._frame is not None
 
     def finish(self, error: BaseException | None) -> None:
         """The generator is done (returned, raised or closed): end the scope (idempotent)."""

@@ -205,6 +205,29 @@ def test_async_generator_sampled_and_closed() -> None:
     assert ["agen", "agen"] == [c.label for c in cap.calls]
 
 
+def test_async_generator_left_with_break_ends_its_call() -> None:
+    """``break`` out of ``async for`` (no ``aclose()``: the usual idiom, and what a client
+    disconnect does to a streaming response) still ends the sampled call: it is exported,
+    the profiler is off after the session, and the next calls are sampled, not busy."""
+
+    async def main() -> None:
+        async for x in agen(10):
+            if x == 2:
+                break
+        await asyncio.sleep(0)
+
+    with capture(sample_every=1) as cap:
+        asyncio.run(main())
+        assert profkit.force_flush(5.0)
+        assert 1 == profkit.stats()["exported"]
+        for _ in range(3):
+            plain(1)
+        assert profkit.force_flush(5.0)
+    assert 0 == cap.stats["skipped_busy"]
+    assert ["agen", "plain", "plain", "plain"] == [c.label for c in cap.calls]
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
 def test_exceptions_pass_through_with_traceback() -> None:
     """The user's exception propagates unchanged, with the user's frame in its traceback."""
 
