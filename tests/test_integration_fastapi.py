@@ -173,6 +173,22 @@ def test_wrong_decorator_order_warns() -> None:
     assert 0 == cap.stats["root_calls"]
 
 
+def test_the_order_check_never_raises_into_decorating_code() -> None:
+    """A value whose type has no string ``__module__`` (a dynamic type, a proxy) among the
+    decorating code's locals: the wrong-order check passes over it, decorating works."""
+    app = FastAPI()
+    odd = type("Odd", (), {"__module__": None})()  # noqa: F841  # a local the check reads
+
+    @app.get("/x")
+    @profkit.profiled("odd-neighbour")
+    def handler() -> dict[str, int]:
+        return {"x": 1}
+
+    with capture(sample_every=1) as cap:
+        assert {"x": 1} == handler()
+    assert ["odd-neighbour"] == [c.label for c in cap.calls]
+
+
 def test_the_right_decorator_order_does_not_warn() -> None:
     """@app.get above @profiled: the route calls the wrapper, no warning (filterwarnings=error)."""
     app = FastAPI()

@@ -130,7 +130,8 @@ def _route_calling(func: Any) -> str | None:
     if isinstance(namespace, dict) and namespace is not frame.f_locals:
         values.extend(namespace.values())
     for value in values:
-        if not type(value).__module__.startswith(("fastapi", "starlette")):
+        module = type(value).__module__  # a dynamic type may have any value here, or none
+        if not isinstance(module, str) or not module.startswith(("fastapi", "starlette")):
             continue  # (no getattr on anything else: a lazy proxy could run code)
         for route in getattr(value, "routes", None) or ():
             if getattr(route, "endpoint", None) is func:
@@ -139,8 +140,14 @@ def _route_calling(func: Any) -> str | None:
 
 
 def _warn_if_route(func: Any, label: str) -> None:
-    """``@profiled`` above ``@app.get(...)``: the route calls the function, not the wrapper."""
-    path = _route_calling(func)
+    """``@profiled`` above ``@app.get(...)``: the route calls the function, not the wrapper.
+
+    A check that fails (an app object whose ``routes`` raises) stays silent: decorating never
+    raises because of it."""
+    try:
+        path = _route_calling(func)
+    except Exception:
+        return
     code = getattr(func, "__code__", None)
     if path is None or code is None:
         return
