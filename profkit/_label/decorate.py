@@ -170,6 +170,13 @@ def _decorate(
 ) -> Any:
     if isinstance(func, (classmethod, staticmethod)):  # the same descriptor, around a label
         return type(func)(_decorate(func.__func__, name, attributes))
+    kind_of: Any = type(func)  # (a descriptor, not the callable the annotation says)
+    if kind_of is property:  # the getter labelled: reading the attribute is the call
+        prop: Any = func
+        getter = None if prop.fget is None else _decorate(prop.fget, name, attributes)
+        return property(getter, prop.fset, prop.fdel, prop.__doc__)
+    if kind_of is functools.cached_property:  # its first read is the call
+        return functools.cached_property(_decorate(func.func, name, attributes))  # type: ignore[attr-defined]
     label = name or default_label(func)
     if check_route:
         _warn_if_route(func, label)
@@ -311,11 +318,12 @@ def profiled(
 
     Use bare (``@profiled``), with a label (``@profiled("predict")``) or with keywords
     (``@profiled(name="predict", attributes={"model": "mlp"})``). Works on functions,
-    methods, classmethods, staticmethods, coroutine functions, generators and async
-    generators; signature, name, docstring and ``inspect`` results are kept, and results and
-    exceptions pass through untouched. The label defaults to ``__qualname__`` (that of the
-    wrapped function for a ``functools.partial``, ``<type>.__call__`` for a callable
-    instance), never to a ``repr()`` that could show argument values or addresses.
+    methods, classmethods, staticmethods, properties and ``functools.cached_property``
+    (placed above them: reading the attribute is the call), coroutine functions, generators
+    and async generators; signature, name, docstring and ``inspect`` results are kept, and
+    results and exceptions pass through untouched. The label defaults to ``__qualname__``
+    (that of the wrapped function for a ``functools.partial``, ``<type>.__call__`` for a
+    callable instance), never to a ``repr()`` that could show argument values or addresses.
     """
     if isinstance(func, str):
         label = func

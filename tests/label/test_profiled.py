@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import threading
 import traceback
@@ -226,6 +227,45 @@ def test_async_generator_left_with_break_ends_its_call() -> None:
     assert 0 == cap.stats["skipped_busy"]
     assert ["agen", "plain", "plain", "plain"] == [c.label for c in cap.calls]
     assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_a_property_or_cached_property_decorated_reads_its_value() -> None:
+    """``@profiled`` above ``@property`` or ``@functools.cached_property``: reading the
+    attribute gives the getter's value itself and is the root call, labelled by the getter;
+    setter and docstring are kept."""
+
+    class Model:
+        def __init__(self) -> None:
+            self._size = 42
+
+        @profkit.profiled
+        @property
+        def size(self) -> int:
+            """The size."""
+            return self._size
+
+        @size.setter
+        def size(self, value: int) -> None:
+            self._size = value
+
+        @profkit.profiled("loaded")
+        @functools.cached_property
+        def weights(self) -> list[int]:
+            return [1, 2]
+
+    model = Model()
+    with capture(sample_every=1) as cap:
+        assert 42 == model.size
+        assert type(model.size) is int
+        model.size = 7
+        assert 7 == model.size
+        assert [1, 2] == model.weights
+        assert model.weights is model.weights  # cached: read once
+    assert Model.size.__doc__ == "The size."
+    labels = [c.label for c in cap.calls]
+    assert ["Model.size"] * 3 + ["loaded"] == [
+        label.rsplit("<locals>.", 1)[-1] for label in labels
+    ]
 
 
 def test_exceptions_pass_through_with_traceback() -> None:
