@@ -134,8 +134,11 @@ def drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
                 scope.suspended()
             try:
                 send = yield value
-            except GeneratorExit:
-                token = scope.step_in()
+            except GeneratorExit as exc:
+                if final:  # the decorated generator itself: thrown in as it came (close()
+                    throw = exc  # throws one too), so it answers as it would undecorated
+                    continue
+                token = scope.step_in()  # an awaitable's step: closed, as ``await`` does
                 try:
                     it.close()
                 finally:

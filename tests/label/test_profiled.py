@@ -9,6 +9,7 @@ import inspect
 import threading
 import traceback
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -149,6 +150,55 @@ def test_generator_closed_early_ends_the_scope() -> None:
         assert plain(1) == 3  # a new root, so the generator's root really ended
     assert ["gen", "plain"] == sorted(c.label for c in cap.calls)
     assert 0 == cap.stats["dropped"]
+
+
+def _swallows() -> Iterator[object]:
+    try:
+        yield 1
+    except GeneratorExit as exc:
+        yield ("caught", exc)
+
+
+def _returns() -> Iterator[object]:
+    try:
+        yield 1
+    except GeneratorExit:
+        return "done"
+
+
+def _outcome(it: Iterator[object], exc: BaseException) -> object:
+    next(it)
+    try:
+        return ("yielded", it.throw(exc))
+    except StopIteration as stop:
+        return ("returned", stop.value)
+    except BaseException as raised:
+        return ("raised", type(raised), raised.args)
+
+
+@pytest.mark.parametrize("body", [_swallows, _returns])
+def test_generator_exit_thrown_in_passes_through_as_thrown(body: Any) -> None:
+    """``throw(GeneratorExit(...))`` (what ``contextlib.contextmanager`` does with a with-body
+    that raises it) reaches the generator as thrown, and its answer reaches the caller, as
+    undecorated; ``close()`` keeps its usual result and ends the call."""
+    plain_exc, decorated_exc = GeneratorExit("why"), GeneratorExit("why")
+    with capture(sample_every=1) as cap:
+        expected = _outcome(body(), plain_exc)
+        got = _outcome(profkit.profiled(body)(), decorated_exc)
+        closing = profkit.profiled(_swallows)()
+        next(closing)
+        with pytest.raises(RuntimeError, match="ignored GeneratorExit"):
+            closing.close()  # as undecorated: the generator yielded again
+        ended = profkit.profiled(_returns)()
+        next(ended)
+        ended.close()
+    if expected[0] == "yielded":  # the very exception thrown in was caught
+        assert ("yielded", ("caught", plain_exc)) == expected
+        assert ("yielded", ("caught", decorated_exc)) == got
+    else:
+        assert ("returned", "done") == expected == got
+    assert 0 == cap.stats["dropped"]
+    assert 2 <= len(cap.calls)
 
 
 def test_generator_error_passes_through() -> None:
