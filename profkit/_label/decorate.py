@@ -55,6 +55,12 @@ def _code_info(func: Any) -> CodeInfo | None:
 
 def _kind(func: Any) -> str:
     target = getattr(func, "__func__", func)
+    if not inspect.isroutine(target) and not inspect.isclass(target) and callable(target):
+        unwrapped = target
+        while isinstance(unwrapped, functools.partial):
+            unwrapped = unwrapped.func
+        if not inspect.isroutine(unwrapped):  # a callable instance: its type's __call__ says
+            target = type(unwrapped).__call__
     if inspect.isasyncgenfunction(target):
         return "asyncgen"
     if inspect.iscoroutinefunction(target):
@@ -187,7 +193,10 @@ def _decorate(
         return _plain_function(func, label, attrs, code)
     if kind == "async" and type(func) is types.FunctionType:  # a plain ``async def``: no proxy
         return functools.update_wrapper(async_call(func, label, attrs, code), func)
-    return _Profiled(func, _make_wrapper(func, kind, label, attrs, code), label, attrs)
+    wrapper = _make_wrapper(func, kind, label, attrs, code)
+    if kind == "async" and not inspect.iscoroutinefunction(func):  # an instance's async __call__
+        return _AsyncProfiled(func, wrapper, label, attrs)
+    return _Profiled(func, wrapper, label, attrs)
 
 
 def _plain_function(
@@ -287,6 +296,19 @@ class _Profiled(wrapt.FunctionWrapper[..., Any]):
             return self
         wrapped = copy.deepcopy(self.__wrapped__, memo)
         return _redecorate(wrapped, self._self_label, self._self_attributes)
+
+
+class _AsyncProfiled(_Profiled):
+    """A decorated callable instance whose ``__call__`` is a coroutine function.
+
+    Its own ``__call__`` is one too, so that checks that look there for an async callable
+    (Starlette's and FastAPI's, on a background task, a dependency or an endpoint) see what
+    they see undecorated; calling it gives a coroutine, as undecorated.
+    """
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        wrapper: Any = self._self_wrapper  # (wrapper, instance, args, kwargs), as wrapt calls it
+        return await wrapper(self.__wrapped__, None, args, kwargs)
 
 
 def label_endpoint(func: Any, label: str, attributes: dict[str, Any]) -> Any:

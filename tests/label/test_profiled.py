@@ -7,6 +7,7 @@ import contextvars
 import functools
 import inspect
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -316,6 +317,29 @@ def test_a_property_or_cached_property_decorated_reads_its_value() -> None:
     assert ["Model.size"] * 3 + ["loaded"] == [
         label.rsplit("<locals>.", 1)[-1] for label in labels
     ]
+
+
+def test_a_callable_instance_with_an_async_call_is_a_coroutine_scope() -> None:
+    """An instance whose ``__call__`` is ``async def``: calling the decorated one gives a
+    coroutine whose work is the sampled call (not just making the coroutine), and
+    Starlette's check for an async callable still says so (a ``BackgroundTask`` awaits it)."""
+    from starlette._utils import is_async_callable
+
+    class Notify:
+        async def __call__(self, who: str) -> str:
+            await asyncio.sleep(0)
+            time.sleep(0.03)  # the call's work, after its first await
+            return f"sent {who}"
+
+    decorated = profkit.profiled(Notify())
+    assert is_async_callable(Notify())
+    assert is_async_callable(decorated)
+    assert inspect.iscoroutinefunction(decorated.__call__)
+    with capture(sample_every=1) as cap:
+        assert "sent x" == asyncio.run(decorated("x"))
+    (call,) = cap.calls
+    assert "Notify.__call__" in call.label
+    assert call.root.end_ns - call.root.start_ns >= 25_000_000
 
 
 def test_exceptions_pass_through_with_traceback() -> None:
