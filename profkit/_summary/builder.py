@@ -151,17 +151,31 @@ class _Index:
             self.ops, self.compiles = fold_compiles(self.ops, compiles)
         self.ops.sort(key=_BY_START)
         self.starts = [v.start_ns for v in self.ops]
+        #: ids of the scope ranges already matched to a scope (:meth:`match_scope`)
+        self.taken: set[int] = set()
 
     def match_scope(self, record: ScopeRecord) -> EventView | None:
-        """The profiler range of a Python-timed scope: same label, inside its Python bounds."""
+        """The profiler range of a Python-timed scope: same label, inside its Python bounds
+        (give or take the slack), the one whose start and end lie closest to the scope's,
+        and none that an earlier scope of the window took.
+
+        Scopes of one label can nest (a recursive function, a region in a region of its
+        label) or overlap (gathered coroutines in one window): an inner scope's bounds, with
+        the slack, may hold the outer one's range too. The closest fit is the scope's own
+        range (its Python times are taken just before the range opens and just after it
+        closes), and a range serves one scope only.
+        """
         best: EventView | None = None
+        best_gap = 0
+        start, end, taken = record.start_ns, record.end_ns, self.taken
         for v in self.scope_marks.get(record.label, ()):
-            if (
-                v.start_ns >= record.start_ns - _SLACK_NS
-                and v.end_ns <= record.end_ns + _SLACK_NS
-                and (best is None or v.end_ns - v.start_ns > best.end_ns - best.start_ns)
-            ):
-                best = v
+            if v.start_ns < start - _SLACK_NS or v.end_ns > end + _SLACK_NS or id(v) in taken:
+                continue
+            gap = abs(v.start_ns - start) + abs(v.end_ns - end)
+            if best is None or gap < best_gap:
+                best, best_gap = v, gap
+        if best is not None:
+            taken.add(id(best))
         return best
 
     def split_compiles(self, evs: list[EventView]) -> tuple[list[EventView], list[EventView]]:
