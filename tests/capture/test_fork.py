@@ -171,6 +171,37 @@ def test_child_is_not_blocked_by_a_window_lock_held_in_the_parent() -> None:
     assert 0 == report["skipped_busy"]
 
 
+def _child_after_an_idle_window_of_this_thread() -> dict[str, Any]:
+    results = [predict(X) for _ in range(4)]
+    flushed = profkit.force_flush(20.0)
+    stats = profkit.stats()
+    return {
+        "results_ok": all(r == EXPECTED for r in results),
+        "flushed": flushed,
+        "profiler_on": bool(torch.autograd.profiler._is_profiler_enabled),
+        "stats": {k: stats[k] for k in ("sampled", "exported", "skipped_foreign", "windows")},
+    }
+
+
+@pytest.mark.timeout(120)
+def test_child_forked_by_the_thread_of_an_open_window_starts_without_its_profiler() -> None:
+    """``window=2``, one call made: the window is open, idle, waiting for its second call,
+    on the thread that forks. The child inherits that thread's profiler: it is stopped there,
+    so the child's calls are sampled and exported (not ``skipped_foreign`` for ever, with a
+    profiler recording everything); the parent's window goes on."""
+    with capture(sample_every=1, window=2) as cap:
+        predict(X)
+        report = _fork_and_run(_child_after_an_idle_window_of_this_thread)
+        predict(X)
+    assert report.get("error") is None, report.get("error")
+    assert 0 == report["exit_code"]
+    assert report["results_ok"]
+    assert report["flushed"]
+    assert {"sampled": 4, "exported": 4, "skipped_foreign": 0, "windows": 2} == report["stats"]
+    assert not report["profiler_on"]
+    assert 2 == len(cap.calls)  # the parent's window: both calls
+
+
 @pytest.mark.timeout(180)
 def test_configure_after_fork_child_samples_and_exits_normally() -> None:
     """The pre-fork pattern (configure in the child, as a gunicorn post_fork hook does)."""
