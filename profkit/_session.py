@@ -17,6 +17,7 @@ from typing import Any
 from ._capture.decide import Decider, Decision
 from ._capture.foreign import wait_for_other_thread
 from ._capture.keeper import WindowKeeper, close_idle, install_hooks
+from ._capture.slot import SLOT
 from ._capture.window import make_profiler, prime
 from ._config import Config
 from ._deadline import Deadline
@@ -166,18 +167,20 @@ class Session(Decider):
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.
 
         A window still open at the deadline (or on the calling thread itself) is counted as
-        dropped with reason "shutdown" when its call ends. The result is False as for
-        :meth:`force_flush`.
+        dropped with reason "shutdown" when its call ends, and the result is then False; it
+        is False as for :meth:`force_flush` otherwise.
         """
         deadline = Deadline(timeout)
         self.active = False
         wait_for_other_thread(self.keeper, deadline)
         self.close_idle_window()
+        win = SLOT.held
+        left_open = win is not None and win.keeper is self.keeper and win.in_flight > 0
         flushed = self.pipeline.shutdown(deadline)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
                 self.metrics.shutdown()
-        return self._no_new_span_failures() and flushed
+        return self._no_new_span_failures() and flushed and not left_open
 
     def _no_new_span_failures(self) -> bool:
         """Whether no profkit span failed OTLP export since this was last asked."""

@@ -162,6 +162,38 @@ def test_shutdown_with_a_stuck_exporter_counts_the_window_in_flight() -> None:
     assert _balanced(profkit.stats()), profkit.stats()
 
 
+def test_shutdown_whose_deadline_passes_before_a_sampled_call_ends_says_false() -> None:
+    """A sampled call on another thread outlives shutdown's timeout: the call is lost to
+    the exporters (dropped, reason ``shutdown``, when it ends), so shutdown says False."""
+    collected = CaptureExporter()
+    profkit.configure(
+        **_settings(),  # type: ignore[arg-type]
+        exporters=(),
+        extra_exporters=(collected,),
+    )
+    inside, leave = threading.Event(), threading.Event()
+
+    @profkit.profiled("long")
+    def long_call() -> int:
+        inside.set()
+        leave.wait(10)
+        return 2
+
+    worker = threading.Thread(target=long_call)
+    worker.start()
+    try:
+        assert inside.wait(10)
+        assert profkit.shutdown(0.2) is False
+    finally:
+        leave.set()
+        worker.join(10)
+    time.sleep(0.2)
+    stats = profkit.stats()
+    assert _balanced(stats), stats
+    assert 1 == stats["dropped_reasons"].get("shutdown")
+    assert [] == collected.calls
+
+
 def test_calls_into_a_shut_down_provider_are_dropped_not_exported() -> None:
     """However the provider is shut down, spans made after that count as dropped."""
     spans = InMemorySpanExporter()
