@@ -154,14 +154,22 @@ class Session(Decider):
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.
 
+        A window that waits for more calls (``window`` > 1) is closed first when it is this
+        thread's, and exported with the rest; another thread's cannot be (a thread-local
+        profiler stops on its own thread), so its calls stay pending and the result is False.
         False also when profkit spans failed OTLP export since the last flush or shutdown
         (counted by :func:`profkit.exporters.otlp.otlp_span_processor`).
         """
+        self.close_idle_window()
+        win = SLOT.held
+        waiting = (  # idle and open: not a full one on its way to the pipeline
+            win is not None and win.keeper is self.keeper and not win.in_flight and not win.full
+        )
         flushed = self.pipeline.force_flush(Deadline(timeout))
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
                 self.metrics.flush()
-        return self._no_new_span_failures() and flushed
+        return self._no_new_span_failures() and flushed and not waiting
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.

@@ -382,13 +382,10 @@ def stop_left_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Fresh slot; the parent's window is given up.
-
-    Another thread's window: its thread, and its profiler state, are not in the child (the
-    copied flag would block us). A window of the forking thread itself (``window`` > 1, open
-    between its calls): its thread-local profiler *is* in the child, on this thread, and would
-    record everything for ever as somebody else's profiler; it is stopped here.
-    """
+    """Fresh slot; the parent's window is given up. Another thread's: its thread and profiler
+    state are not in the child (the copied flag would block us). The forking thread's own (a
+    ``window`` > 1 open between calls): its thread-local profiler *is* in the child, on this
+    thread, and would record for ever as somebody else's; it is stopped here."""
     win = SLOT.held
     if win is not None:
         win.discard()

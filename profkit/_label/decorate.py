@@ -15,16 +15,15 @@ import functools
 import inspect
 import sys
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
-from .._config import ProfkitConfigWarning
 from .._model import CodeInfo
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive
+from .routes import warn_if_route
 from .scope import FRAME, OFF, enter, exit_, sync_call, undo_enter
 
 _get_frame = FRAME.get
@@ -122,52 +121,6 @@ def default_label(func: Any) -> str:
     return f"{getattr(type(target), '__qualname__', 'callable')}.__call__"
 
 
-def _route_calling(func: Any) -> str | None:
-    """The path of a FastAPI/Starlette route that calls ``func`` itself, found among the
-    globals of ``func``'s module and the locals of the code that decorates it; None when
-    there is none (or neither framework is imported)."""
-    if "starlette" not in sys.modules:
-        return None
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
-        frame = frame.f_back  # the first frame outside this module: the decorating code
-    values = [*frame.f_locals.values()]
-    namespace = getattr(func, "__globals__", None)
-    if isinstance(namespace, dict) and namespace is not frame.f_locals:
-        values.extend(namespace.values())
-    for value in values:
-        module = type(value).__module__  # a dynamic type may have any value here, or none
-        if not isinstance(module, str) or not module.startswith(("fastapi", "starlette")):
-            continue  # (no getattr on anything else: a lazy proxy could run code)
-        for route in getattr(value, "routes", None) or ():
-            if getattr(route, "endpoint", None) is func:
-                return str(getattr(route, "path", "?"))
-    return None
-
-
-def _warn_if_route(func: Any, label: str) -> None:
-    """``@profiled`` above ``@app.get(...)``: the route calls the function, not the wrapper.
-
-    A check that fails (an app object whose ``routes`` raises) stays silent: decorating never
-    raises because of it."""
-    try:
-        path = _route_calling(func)
-    except Exception:
-        return
-    code = getattr(func, "__code__", None)
-    if path is None or code is None:
-        return
-    warnings.warn_explicit(
-        f"@profkit.profiled is above the route decorator of {path!r}: the route calls "
-        f"{label!r} itself, never profkit's wrapper, so it is never profiled; put "
-        "@profkit.profiled below the route decorator, or call instrument_app(app) once the "
-        "routes are added",
-        ProfkitConfigWarning,
-        code.co_filename,
-        code.co_firstlineno,
-    )
-
-
 def _decorate(
     func: Callable[P, R],
     name: str | None,
@@ -185,7 +138,7 @@ def _decorate(
         return functools.cached_property(_decorate(func.func, name, attributes))  # type: ignore[attr-defined]
     label = name or default_label(func)
     if check_route:
-        _warn_if_route(func, label)
+        warn_if_route(func, label)
     kind = _kind(func)
     attrs = dict(attributes or {})
     code = _code_info(func)

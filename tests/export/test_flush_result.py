@@ -194,6 +194,50 @@ def test_shutdown_whose_deadline_passes_before_a_sampled_call_ends_says_false() 
     assert [] == collected.calls
 
 
+def test_force_flush_exports_an_idle_window_of_its_own_thread() -> None:
+    """``window=3``, four calls: the second window is open, waiting for two more calls.
+    ``force_flush()`` on its thread closes it and exports its call: once it says True,
+    nothing that ended is pending."""
+    collected = CaptureExporter()
+    profkit.configure(
+        **_settings(),  # type: ignore[arg-type]
+        exporters=(),
+        extra_exporters=(collected,),
+        window=3,
+    )
+    _calls(4)
+    assert profkit.force_flush(10.0) is True
+    stats = profkit.stats()
+    assert 4 == stats["sampled"]
+    assert _balanced(stats), stats
+    assert 4 == len(collected.calls)
+    _calls(3)  # sampling goes on in fresh windows
+    assert profkit.shutdown(10.0) is True
+    assert 7 == len(collected.calls)
+
+
+def test_force_flush_from_another_thread_says_false_while_a_window_waits() -> None:
+    """The idle window belongs to a thread that is still alive: another thread cannot close
+    a thread-local profiler, so the window's call stays pending and the result says so."""
+    collected = CaptureExporter()
+    profkit.configure(
+        **_settings(),  # type: ignore[arg-type]
+        exporters=(),
+        extra_exporters=(collected,),
+        window=2,
+    )
+    work()  # this thread's window waits for its second call
+    results: list[bool] = []
+    flusher = threading.Thread(target=lambda: results.append(profkit.force_flush(5.0)))
+    flusher.start()
+    flusher.join(10)
+    assert [False] == results
+    work()  # the window is full: handed off
+    assert profkit.force_flush(10.0) is True
+    assert 2 == len(collected.calls)
+    profkit.shutdown(10.0)
+
+
 def test_calls_into_a_shut_down_provider_are_dropped_not_exported() -> None:
     """However the provider is shut down, spans made after that count as dropped."""
     spans = InMemorySpanExporter()
