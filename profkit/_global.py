@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 _configure_lock = threading.Lock()
+#: held while a session starts and is swapped in, and while shutdown() takes the hooks out:
+#: a shutdown() on another thread cannot take out the hooks of a session being installed
+#: (reentrant: a signal handler's shutdown() may run inside a configure() on its thread)
+_lifecycle = threading.RLock()
 
 
 class _Last:
@@ -139,19 +143,20 @@ def install(session: Session | None) -> Session | None:
     caller's thread: Python installs handlers on the main thread only), which also puts back
     what an earlier ``trigger_signal`` replaced. ``None`` takes the signal handler back.
     """
-    if session is not None:
-        _hooks.at_exit(_at_exit)
-        _hooks.before_exit(_before_exit)
-        _hooks.at_fork_in_child("global", _after_fork_in_child)
-        session.start()
-    try:
-        return _swap(session)
-    finally:
+    with _lifecycle:  # one configure() or shutdown() changes the process's hooks at a time
         if session is not None:
-            signal_name = session.config.trigger_signal if session.config.enabled else None
-            _signals.apply(signal_name, session, session.stats)
-        else:
-            _signals.apply(None, None, Stats())
+            _hooks.at_exit(_at_exit)
+            _hooks.before_exit(_before_exit)
+            _hooks.at_fork_in_child("global", _after_fork_in_child)
+            session.start()
+        try:
+            return _swap(session)
+        finally:
+            if session is not None:
+                signal_name = session.config.trigger_signal if session.config.enabled else None
+                _signals.apply(signal_name, session, session.stats)
+            else:
+                _signals.apply(None, None, Stats())
 
 
 def _swap(session: Session | None) -> Session | None:
@@ -232,11 +237,12 @@ def shutdown(timeout: float = 5.0) -> bool:
     """
     session = install(None)
     flushed = True if session is None else session.shutdown(timeout)
-    if get_session() is None:  # the last session: profkit's hooks come out of the process
-        _foreign.remove_hooks()
-        if not _foreign.window_held():  # (else the exit still has a window to stop)
-            _hooks.cancel_at_exit(_at_exit)
-        _hooks.cancel_at_exit(_before_exit)
+    with _lifecycle:  # (a configure() that started meanwhile has its session in by now)
+        if get_session() is None:  # the last session: profkit's hooks come out of the process
+            _foreign.remove_hooks()
+            if not _foreign.window_held():  # (else the exit still has a window to stop)
+                _hooks.cancel_at_exit(_at_exit)
+            _hooks.cancel_at_exit(_before_exit)
     return flushed
 
 

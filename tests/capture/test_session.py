@@ -212,3 +212,55 @@ def test_trigger_with_a_label_profiles_only_that_label() -> None:
     profkit.configure(exporters=())
     with pytest.raises(ValueError, match="label"):
         profkit.trigger(1, label=3)  # type: ignore[arg-type]
+
+
+def test_configure_and_shutdown_racing_leave_a_consistent_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configure() on one thread while shutdown() runs on another, shutdown landing while
+    the new session starts (its profiler priming): in whichever order they are taken, a
+    global session afterwards has its hooks (torch's profiler hooks, the exit flush), and
+    none left means none of profkit's hooks either."""
+    import threading
+
+    from profkit import _global
+    from profkit._capture import hooks
+    from profkit._session import Session
+
+    profkit.configure(exporters=(), sample_every=1, cold_calls=0)
+    starting, go_on = threading.Event(), threading.Event()
+    original = Session.start
+
+    def slow_start(self: Session) -> None:
+        starting.set()
+        go_on.wait(5)  # the window in which the concurrent shutdown used to land
+        original(self)
+
+    monkeypatch.setattr(Session, "start", slow_start)
+    late = threading.Thread(
+        target=lambda: profkit.configure(exporters=(), sample_every=1, window=2)
+    )
+    late.start()
+    try:
+        assert starting.wait(10)
+        stopper = threading.Thread(target=profkit.shutdown, args=(2.0,))
+        stopper.start()
+        stopper.join(0.3)  # it runs now, or waits for the configure to finish
+        go_on.set()
+        late.join(10)
+        stopper.join(10)
+    finally:
+        go_on.set()
+        monkeypatch.setattr(Session, "start", original)
+    session = get_session()
+    state = (
+        hooks.profiler_hooked(),
+        _global._before_exit in hooks._state.before_exit_callbacks,
+    )
+    try:
+        if session is not None and session.active:
+            assert (True, True) == state
+        else:
+            assert (False, False) == state
+    finally:
+        profkit.shutdown(2.0)
