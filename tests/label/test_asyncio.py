@@ -124,3 +124,36 @@ def test_fifty_concurrent_tasks_every_sample_holds_only_its_own_ops() -> None:
     for call in cap.calls:
         assert call.attribution == "task"
         _check_own_ops_only(call)
+
+
+def test_a_region_across_a_yield_of_a_decorated_async_generator_left_with_break() -> None:
+    """``async with region()`` held across a ``yield`` in a ``@profiled`` async generator
+    whose first call is cold (unsampled), left with ``break`` by a long-lived task: the
+    generator's frame is set only while it steps, so the task's later calls are root calls
+    still, never nested in a region whose exit runs in the event loop's finalizer task (an
+    undecorated async generator leaves the task's frame "unsampled" for good: see
+    docs/reliability.md, asyncio)."""
+
+    @profkit.profiled("stream")
+    async def stream() -> object:
+        async with profkit.region("chunk"):
+            for i in range(10):
+                yield i
+
+    @profkit.profiled("handle")
+    async def handle() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    async def main() -> int:
+        async for x in stream():
+            if x == 1:
+                break
+        await asyncio.sleep(0.01)  # the loop's finalizer closes the abandoned generator
+        return sum([await handle() for _ in range(6)])
+
+    with capture(sample_every=2, cold_calls=1) as cap:
+        assert 6 == asyncio.run(main())
+    assert 7 == cap.stats["root_calls"]  # the stream's, and each of the task's calls
+    assert "stream" not in [c.label for c in cap.calls]  # cold
+    assert 1 <= [c.label for c in cap.calls].count("handle")
