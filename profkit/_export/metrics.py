@@ -19,8 +19,9 @@ thread every second and at the start of every collection (the counters' callback
 first, so a scrape sees every call that ended before it). A profiled call's duration waits
 for its window's export, so that its exemplar can carry its own span's ids; a window that
 never reaches the exporters (dropped) lets it go without one after ``_HOLD_S`` or at the
-next flush. Labels and ops are bounded: past ``MAX_LABELS`` labels and ``MAX_OPS`` op names
-per label, new ones are counted as ``other``.
+next flush. Labels and ops are bounded per provider, across sessions
+(:mod:`profkit._export.bounds`): ``MAX_LABELS`` labels, ``MAX_OPS`` op names per label and
+``MAX_OP_SERIES`` op series in all, past which new ones are counted as ``other``.
 
 So is the hand-off: each ``record()`` holds the GIL for its 5-30 µs, so the thread hands
 the SDK at most ``MAX_DURATIONS_PER_S`` unprofiled durations a second. More than that
@@ -49,13 +50,10 @@ from .._records import CallRecord
 from .._stats import Stats
 from .._version import __version__
 from .._weak import WeakIdMap, at_fork_in_child_weakly
+from .bounds import MAX_LABELS, MAX_OP_SERIES, MAX_OPS, SeriesBounds
 
-__all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "OP_BUCKETS_S", "Metrics"]
+__all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "MAX_OP_SERIES", "OP_BUCKETS_S", "Metrics"]
 
-#: distinct ``profkit.label`` values; later labels are recorded as "other"
-MAX_LABELS = 256
-#: distinct ``profkit.op`` values per label; later op names are recorded as "other"
-MAX_OPS = 64
 #: seconds a profiled call's duration waits for its window's export (for its exemplar)
 _HOLD_S = 10.0
 #: seconds between drains on the ``profkit-metrics`` thread
@@ -65,7 +63,6 @@ _CHECK_S = 0.1
 #: unprofiled root-call durations handed to the SDK per second at most; past them the
 #: oldest waiting are shed and counted (``metrics_shed``): a second's worth waits at most
 MAX_DURATIONS_PER_S = 20_000
-_OTHER = "other"
 #: bucket bounds (s) of ``profkit.call.duration``: 0.5 ms to 10 s (the SDK's default
 #: bounds, 0 to 10000, are made for milliseconds)
 CALL_BUCKETS_S = (
@@ -125,6 +122,8 @@ class _Instruments:
             callback = functools.partial(self._observe, name)
             meter.create_observable_counter(name, [callback], unit=unit, description=what)
         self._lock = threading.Lock()
+        #: the labels and op series these instruments hold (every session's, bounded)
+        self.bounds = SeriesBounds()
         self.live: list[Metrics] = []
         self._retired: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = (
             collections.Counter()
@@ -196,6 +195,7 @@ class Metrics:
         self._instruments = _instruments(provider)
         self._duration = self._instruments.duration
         self._self_time = self._instruments.self_time
+        self._bounds = self._instruments.bounds
         self._lock = threading.Lock()  # one drain at a time
         #: ``(label, ns)`` of ended root calls, appended on the request path (lock-free)
         self._pending: collections.deque[tuple[str, int]] = collections.deque()
@@ -215,9 +215,6 @@ class Metrics:
         #: profiled calls waiting for their export: (window id, index) -> (label, ns, since)
         self._held: dict[tuple[int, int], tuple[str, int, float]] = {}
         self._held_lock = threading.Lock()
-        self._labels: dict[str, dict[str, str]] = {}
-        #: each bounded label's op name -> its ``profkit.op.self_time`` attributes
-        self._ops: dict[str, dict[str, dict[str, str]]] = {}
 
     # -- request path -----------------------------------------------------------------------
 
@@ -284,31 +281,29 @@ class Metrics:
                 self.stats.cpu.charge(time.thread_time() - cpu0)
 
     def _drain_delivered(self) -> None:
-        record_self, delivered = self._self_time.record, self._delivered
+        record_self, delivered, bounds = self._self_time.record, self._delivered, self._bounds
         while True:
             try:
                 call = delivered.popleft()
             except IndexError:
                 return
-            label = self._label(call.label)["profkit.label"]  # bounded: MAX_LABELS
-            ops = self._ops.get(label) or self._ops.setdefault(label, {})
-            for row in call.root.ops:  # each row's attributes: one dict lookup
-                attrs = ops.get(row.name) or self._new_op(ops, label, row.name)
-                record_self(row.self_cpu_us / 1e6, attrs, _EMPTY)
+            label = bounds.label(call.label)["profkit.label"]  # bounded: MAX_LABELS
+            for row in call.root.ops:  # each row's attributes: two dict lookups
+                record_self(row.self_cpu_us / 1e6, bounds.op(label, row.name), _EMPTY)
             with self._held_lock:
                 held = self._held.pop((call.window_id, call.call_index), None)
             if held is not None:
-                self._duration.record(held[1] / 1e9, self._label(held[0]), _exemplar(call))
+                self._duration.record(held[1] / 1e9, self._bounds.label(held[0]), _exemplar(call))
 
     def _drain_pending(self) -> None:
-        record, pending, labels = self._duration.record, self._pending, self._labels
+        record, pending, label_of = self._duration.record, self._pending, self._bounds.label
         self.shed()  # more than a second's worth: the oldest go, counted
         while True:
             try:
                 label, ns = pending.popleft()
             except IndexError:
                 return
-            record(ns / 1e9, labels.get(label) or self._label(label), _EMPTY)
+            record(ns / 1e9, label_of(label), _EMPTY)
 
     def _release_held(self, release_all: bool) -> None:
         """Durations whose window never reached the exporters, past ``_HOLD_S`` (or all).
@@ -329,29 +324,7 @@ class Metrics:
                 keys.append(key)
             released = [held.pop(key) for key in keys]
         for label, ns, _ in released:
-            self._duration.record(ns / 1e9, self._label(label), _EMPTY)
-
-    def _label(self, label: str) -> dict[str, str]:
-        attrs = self._labels.get(label)
-        if attrs is None:
-            if len(self._labels) >= MAX_LABELS:
-                return self._labels.get(_OTHER) or self._labels.setdefault(
-                    _OTHER, {"profkit.label": _OTHER}
-                )
-            attrs = self._labels.setdefault(label, {"profkit.label": label})
-        return attrs
-
-    @staticmethod
-    def _new_op(ops: dict[str, dict[str, str]], label: str, op: str) -> dict[str, str]:
-        """An op name not seen yet for ``label``: its attributes, or other's past ``MAX_OPS``
-        (the overflowing name itself is not kept: ``ops`` stays bounded)."""
-        if len(ops) >= MAX_OPS:
-            op = _OTHER
-            attrs = ops.get(op)
-            if attrs is not None:
-                return attrs
-        attrs = ops[op] = {"profkit.label": label, "profkit.op": op}
-        return attrs
+            self._duration.record(ns / 1e9, self._bounds.label(label), _EMPTY)
 
     # -- control ----------------------------------------------------------------------------
 

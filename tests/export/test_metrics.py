@@ -276,10 +276,10 @@ def test_op_and_label_attributes_are_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Past MAX_OPS op names (and MAX_LABELS labels) the rest is recorded as "other"."""
-    from profkit._export import metrics as metrics_module
+    from profkit._export import bounds
 
-    monkeypatch.setattr(metrics_module, "MAX_OPS", 3)
-    monkeypatch.setattr(metrics_module, "MAX_LABELS", 1)
+    monkeypatch.setattr(bounds, "MAX_OPS", 3)
+    monkeypatch.setattr(bounds, "MAX_LABELS", 1)
     predict = _predictor(mlp)
     other = profkit.profiled("second")(predict.__wrapped__)
     with capture(sample_every=1, metrics=True, meter_provider=_provider(reader)) as cap:
@@ -303,6 +303,61 @@ def test_op_and_label_attributes_are_bounded(
         for p in metrics["profkit.call.duration"].data.data_points
     }
     assert {"predict": 4, "other": 4} == counts
+
+
+def test_op_series_in_all_stay_under_the_bound_and_the_sdk_s_limit(
+    reader: InMemoryMetricReader,
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many labels, each within its own bounds, would make more op series than the SDK
+    keeps (2000 per instrument, then an overflow series): the series in all stay within
+    MAX_OP_SERIES, and every label keeps at least its "other" series."""
+    from profkit._export import bounds
+
+    monkeypatch.setattr(bounds, "MAX_OP_SERIES", 12)
+    monkeypatch.setattr(bounds, "MAX_LABELS", 8)  # 12 - 8 - 1: 3 named series in all
+    predict = _predictor(mlp)
+    labelled = [profkit.profiled(f"label{i}")(predict.__wrapped__) for i in range(6)]
+    with capture(sample_every=1, metrics=True, meter_provider=_provider(reader)) as cap:
+        for fn in labelled:
+            fn(batch)
+        assert profkit.force_flush(10.0)
+        metrics = _metrics(reader)
+    points = metrics["profkit.op.self_time"].data.data_points
+    series = {(p.attributes["profkit.label"], p.attributes["profkit.op"]) for p in points}
+    assert len(series) <= 12
+    assert 3 == sum(1 for _, op in series if op != "other")
+    assert {f"label{i}" for i in range(6)} == {label for label, _ in series}
+    assert not any(p.attributes.get("otel.metric.overflow") for p in points)
+    assert sum(len(c.root.ops) for c in cap.calls) == sum(p.count for p in points)
+
+
+def test_label_bounds_hold_across_configure_on_one_provider(
+    reader: InMemoryMetricReader,
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The instruments are the provider's, so are their bounds: three sessions with new
+    labels each still hold at most MAX_LABELS labels, then "other"."""
+    from profkit._export import bounds
+
+    monkeypatch.setattr(bounds, "MAX_LABELS", 4)
+    provider = _provider(reader)
+    predict = _predictor(mlp)
+    for cycle in range(3):
+        fns = [profkit.profiled(f"c{cycle}l{i}")(predict.__wrapped__) for i in range(3)]
+        with capture(sample_every=1, metrics=True, meter_provider=provider):
+            for fn in fns:
+                fn(batch)
+            assert profkit.force_flush(10.0)
+    metrics = _metrics(reader)
+    labels = {
+        p.attributes["profkit.label"] for p in metrics["profkit.call.duration"].data.data_points
+    }
+    assert {"c0l0", "c0l1", "c0l2", "c1l0", "other"} == labels
 
 
 def test_batches_are_root_calls_and_an_asking_member_still_profiles_its_batch(
