@@ -27,13 +27,17 @@ FEATURES = 256
 MODEL_NAME = "mlp-256-512-10"
 #: torch's intra-op threads in the demo
 THREADS = 1
+#: the most rows per demo request (a demo of a light handler, not a memory test)
+MAX_BATCH = 4096
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's options."""
     parser.add_argument("--calls", type=int, default=300, help="requests to send (default 300)")
     parser.add_argument("--every", type=int, default=50, help="profile 1 request in N (default 50)")
-    parser.add_argument("--batch", type=int, default=16, help="rows per request (default 16)")
+    parser.add_argument(
+        "--batch", type=int, default=16, help=f"rows per request (default 16, at most {MAX_BATCH})"
+    )
     parser.add_argument("--json", action="store_true", help="JSON lines on stdout, not tables")
     parser.add_argument(
         "--no-server", action="store_true", help="a plain loop of calls, no HTTP server"
@@ -77,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every request succeeded and every sample was exported."""
     if args.calls < 1 or args.every < 1 or args.batch < 1:
         print("--calls, --every and --batch must be >= 1", file=sys.stderr)
+        return 2
+    if args.batch > MAX_BATCH:  # the rows are made in memory (and sent as JSON) per request
+        print(f"--batch must be <= {MAX_BATCH}", file=sys.stderr)
         return 2
     import torch
 

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._jsonlines import Sample, expand, lines, read, write
+from ._jsonlines import Sample, dumps, expand, lines, read, write
 from ._text import clean
 
 __all__ = [
@@ -269,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     after, bad_a = read(lines(expand([args.after]), unreadable))
     diffs = diff(before, after)
     if args.json:
-        print(json.dumps(as_json(diffs), indent=2))
+        print(dumps(as_json(diffs)))
     else:
         write(sys.stdout, render(diffs))
     for problem in unreadable:

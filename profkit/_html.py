@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._jsonlines import expand
 from ._jsonlines import lines as _lines
 from ._jsonlines import write as _write
 from ._report import LabelRollup, Sample, percentile, read, rollup
@@ -65,8 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the page to ``args.html``; 1 when a file cannot be read or none holds samples."""
     unreadable: list[str] = []
-    after, skipped = read(_lines(list(args.files), unreadable))
-    before, skipped_before = read(_lines(list(args.baseline), unreadable))
+    after, skipped = read(_lines(expand(args.files), unreadable))
+    before, skipped_before = read(_lines(expand(args.baseline), unreadable))
+    if not after and not unreadable:  # as the text report says it, and no empty page
+        _write(sys.stderr, "profkit report: no profkit.profile events found\n")
+        return 1
     text = page(after, before, title=" ".join(args.files))
     try:
         with open(args.html, "w", encoding="utf-8") as out:

@@ -28,7 +28,7 @@ from typing import IO, Any
 from ._text import clean
 from .exporters.logs import parse_compact
 
-__all__ = ["Sample", "expand", "lines", "read", "read_samples", "write"]
+__all__ = ["Sample", "dumps", "expand", "lines", "read", "read_samples", "write"]
 
 #: the most characters of a path printed
 _LIMIT = 200
@@ -224,6 +224,23 @@ def write(stream: IO[str], text: str) -> None:
     except UnicodeEncodeError:
         encoding = getattr(stream, "encoding", None) or "ascii"
         stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+
+
+def dumps(obj: Any) -> str:
+    """Strict JSON of a report or diff: a number that overflowed (a sum, a median or a ratio
+    of huge finite inputs) is ``null``, never the ``Infinity`` or ``NaN`` that no JSON
+    parser but Python's reads."""
+    return json.dumps(_finite(obj), indent=2, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
 
 
 def expand(patterns: Iterable[str]) -> list[str]:

@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ._jsonlines import Sample, expand, lines, read, read_samples, write
+from ._jsonlines import Sample, dumps, expand, lines, read, read_samples, write
 from ._text import clean
 
 DESCRIPTION = """\
@@ -225,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     samples, skipped = read(lines(expand(args.files), unreadable))
     rollups = rollup(samples, top=max(1, args.top), include_cold=args.include_cold)
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rollups], indent=2))
+        print(dumps([dataclasses.asdict(r) for r in rollups]))
     else:
         write(sys.stdout, render(rollups))
     for problem in unreadable:

@@ -98,3 +98,11 @@ def test_demo_rejects_nonpositive_counts(capsys: pytest.CaptureFixture[str]) -> 
     """``--calls 0`` is a usage error (exit 2), before anything starts."""
     assert 2 == cli.main(["demo", "--calls", "0"])
     assert ">= 1" in capsys.readouterr().err
+
+
+def test_demo_rejects_a_batch_too_big_to_make(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--batch 100000000`` would allocate hundreds of GB: a usage error, not a traceback."""
+    assert 2 == cli.main(["demo", "--no-server", "--calls", "1", "--batch", "100000000"])
+    err = capsys.readouterr().err
+    assert "--batch must be <= 4096" in err
+    assert "Traceback" not in err

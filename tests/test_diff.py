@@ -158,3 +158,30 @@ def test_report_and_diff_share_one_reading() -> None:
     """report reads JSON lines with the very functions diff uses."""
     assert _report.read is _jsonlines.read is _diff.read
     assert _report.Sample is _jsonlines.Sample
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
+
+
+def test_json_output_stays_strict_json_when_sums_overflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finite inputs whose sums, medians or ratios overflow (op times of 1e308 µs, which the
+    reader accepts) give ``null`` in ``--json`` output, never ``Infinity``: strict parsers
+    read both the diff and the report."""
+
+    def line(us: float) -> str:
+        rows = [{"op": "aten::mm", "self_cpu_us": us}, {"op": "aten::mm", "self_cpu_us": us}]
+        event = {"event": "profkit.profile", "label": "predict", "duration_us": 1000.0}
+        return json.dumps({**event, "top_ops": rows}) + "\n"
+
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    before.write_text(line(1e-300) * 3)
+    after.write_text(line(1e308) * 3)
+    assert 0 == cli.main(["diff", str(before), str(after), "--json"])
+    diffed = json.loads(capsys.readouterr().out, parse_constant=_no_constant)
+    assert "predict" in diffed["labels"]
+    assert 0 == cli.main(["report", str(after), "--json"])
+    reported = json.loads(capsys.readouterr().out, parse_constant=_no_constant)
+    assert reported

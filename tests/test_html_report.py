@@ -84,6 +84,26 @@ def test_page_of_100_samples_is_self_contained_and_small(run_lines: str, tmp_pat
     assert "100 samples, duration p50" in text
 
 
+def test_globs_are_read_and_empty_input_is_said(
+    run_lines: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Quoted globs work as for the text report and diff (files and ``--baseline``); input
+    with no samples says so on stderr, exits 1 and writes no page."""
+    half = run_lines.splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(half[:50]), encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("".join(half[50:]), encoding="utf-8")
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    out = tmp_path / "report.html"
+    pattern = str(tmp_path / "*.jsonl")
+    assert 0 == cli.main(["report", "--html", str(out), pattern, "--baseline", pattern])
+    assert "100 samples, duration p50" in out.read_text(encoding="utf-8")
+    capsys.readouterr()
+    empty_out = tmp_path / "empty.html"
+    assert 1 == cli.main(["report", "--html", str(empty_out), str(tmp_path / "empty.txt")])
+    assert "no profkit.profile events found" in capsys.readouterr().err
+    assert not empty_out.exists()
+
+
 def test_baseline_is_shown_beside(run_lines: str) -> None:
     """``--baseline``: the label's rollup twice, "before" and "after", histograms overlaid."""
     samples = read(run_lines.splitlines())[0]
