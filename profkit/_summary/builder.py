@@ -381,12 +381,15 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
     carry): bools, floats (nan, inf too) and int64 ints stay; the rest is a bounded string."""
     out: dict[str, AttrValue] = {}
     for key, value in list(attrs.items())[:max_count]:
+        name = clean(str(key), limit)
+        if not name:  # an empty key: OTel's SDK would drop it with a warning on every span
+            continue
         if isinstance(value, (bool, float)) or (
             isinstance(value, int) and -(2**63) <= value < 2**63
         ):
-            out[clean(str(key), limit)] = value
+            out[name] = value
         else:
-            out[clean(str(key), limit)] = clean(str(value), limit)
+            out[name] = clean(str(value), limit)
     return out
 
 

@@ -172,6 +172,25 @@ def test_user_and_profkit_attributes() -> None:
     assert [r.count for r in call.root.ops] == list(root["profkit.ops.count"])  # type: ignore[arg-type]
 
 
+def test_an_empty_attribute_key_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    """``attributes={"": 1}`` (a key the OTel SDK refuses, with a warning on every span):
+    left out of the summary and the span, the other attributes kept, the SDK silent."""
+
+    @profkit.profiled("keys", attributes={"": 1, "ok": 2})
+    def keys() -> int:
+        with profkit.region("inner", **{"": "x", "fine": "y"}):
+            return 3
+
+    with capture(sample_every=1) as cap, caplog.at_level("WARNING"):
+        assert 3 == keys()
+    (call,) = cap.calls
+    assert {"ok": 2} == dict(call.root.attributes)
+    assert {"fine": "y"} == dict(call.scopes[1].attributes)
+    spans = {s.name: s for s in cap.spans()}
+    assert "" not in (spans["keys"].attributes or {})
+    assert not [r for r in caplog.records if "attribute" in r.getMessage().lower()]
+
+
 def test_error_status_and_exception_propagates_unchanged() -> None:
     """A raising call gets status ERROR and an exception record; the caller gets the same error."""
     with capture(sample_every=1) as cap, pytest.raises(ValueError, match="bad input") as info:
