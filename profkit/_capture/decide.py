@@ -223,22 +223,28 @@ class Decider:
         self.timed: Any = None
 
     def decide(
-        self, label: str, speculate: bool = True, sync: bool = True, counted: bool = False
+        self,
+        label: str,
+        speculate: bool = True,
+        sync: bool = True,
+        counted: bool = False,
+        asked: bool = False,
     ) -> Decision:
         """Count a root call of ``label`` and decide (``speculate=False``: a generator root,
         never timed nor speculative; ``sync=False``: a coroutine's or a generator's, whose
         thread's CPU time is not its own, never a control call nor timed for the budget;
-        ``counted``: :func:`_timed`'s call, already counted)."""
+        ``counted``: :func:`_timed`'s call, already counted; ``asked``: a batch one of whose
+        requests asked for a profile, decided as a call whose baggage asks)."""
         # every off-sample call passes here: a C call, no lock, and one int operation
         if not counted and not next(self._roots) & 255:  # 1 in _TIMED_EVERY: a constant
-            return _timed(self, label, speculate, sync)
+            return _timed(self, label, speculate, sync, asked)
         otel = otel_current()  # empty (falsy) when no span is active: no lookup
         span: Any = otel.get(SPAN_KEY) if otel else None  # trace.get_current_span(), cheaper
         parent: SpanContext | None = span.get_span_context() if span is not None else None
         if SLOT.held is not None:
             win = held_here(self._keeper)
             if win is not None:
-                return self._join(win, label, parent, otel, speculate)
+                return self._join(win, label, parent, otel, speculate, asked)
         # the sampled bit first: one int operation on the usual path (a sampled trace)
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._unsampled)  # lock-free, like the root count
@@ -249,7 +255,7 @@ class Decider:
             call = self._triggered(label, parent, pick is COLD, speculate and sync)
             if call is not None:
                 return (PROFILED, call)
-        if self._baggage and otel and asks_to_profile(otel):  # an empty context holds none
+        if asked or (self._baggage and otel and asks_to_profile(otel)):  # (empty: none)
             return self._open(Policy.BAGGAGE, parent, pick is COLD, speculate and sync)
         if pick is not False:  # the usual answer: one comparison
             if pick is True:
@@ -303,7 +309,13 @@ class Decider:
         self._stats.shared_label_calls = self.picks.shared_calls
 
     def _join(
-        self, win: Any, label: str, parent: SpanContext | None, otel: Any, speculate: bool
+        self,
+        win: Any,
+        label: str,
+        parent: SpanContext | None,
+        otel: Any,
+        speculate: bool,
+        asked: bool,
     ) -> Decision:
         """Join the window this thread holds (it has room), or not (see rule 1)."""
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
@@ -315,7 +327,7 @@ class Decider:
         cold = next(self._by_label.get(label) or self._first(label)) is COLD
         if self.triggered.take(label):
             return _joined(keeper.join(win, Policy.TRIGGER, parent), cold)
-        if self._baggage and otel and asks_to_profile(otel):
+        if asked or (self._baggage and otel and asks_to_profile(otel)):
             refused = self._refused() or (
                 None if keeper.spend_rate_token() else "skipped_rate_limit"
             )
@@ -350,17 +362,6 @@ class Decider:
             call.cpu_start_ns = time.thread_time_ns()
         return (PROFILED, call)
 
-    def open_asked(self) -> Decision:
-        """A root call :meth:`decide` left unsampled that must run profiled all the same:
-        a batch (``profkit.batch``) one of whose requests asked for a profile. A window as
-        for baggage (``BAGGAGE``), past the same gates; never inside an unsampled trace."""
-        otel = otel_current()
-        span: Any = otel.get(SPAN_KEY) if otel else None
-        parent: SpanContext | None = span.get_span_context() if span is not None else None
-        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
-            return self._off()
-        return self._open(Policy.BAGGAGE, parent)
-
     def _speculate(self, label: str, parent: SpanContext | None) -> Decision:
         """capture_slow: a speculative window for this call, or else time it."""
         spec = self._speculation
@@ -381,12 +382,12 @@ def _joined(call: CallRecord, cold: bool) -> Decision:
     return (PROFILED, call)
 
 
-def _timed(decider: Decider, label: str, speculate: bool, sync: bool) -> Decision:
+def _timed(decider: Decider, label: str, speculate: bool, sync: bool, asked: bool) -> Decision:
     """One root call in ``_TIMED_EVERY``: its decision timed on this thread's CPU clock and,
     left unprofiled, charged for all of them (the budget's share of the calls it does not
     profile: a refused pick, an off-sample call; docs/performance.md)."""
     t0 = _thread_ns()
-    decision = decider.decide(label, speculate, sync, True)
+    decision = decider.decide(label, speculate, sync, True, asked)
     if decision[0] is not PROFILED:
         took = min(_thread_ns() - t0, _TIMED_CAP_NS)
         decider._stats.cpu.charge(took * _TIMED_EVERY / 1e9)

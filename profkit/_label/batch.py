@@ -164,23 +164,23 @@ class batch:
 
 
 def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
-    """The batch's root call: the decision, forced open when a member asked; then its scope
-    (what :func:`profkit._label.scope.enter` does for a root, with the batch's record)."""
+    """The batch's root call: the decision (a member that asked decides it as baggage does,
+    ``Decider.decide(asked=True)``), then its scope (what :func:`profkit._label.scope.enter`
+    does for a root, with the batch's record)."""
     call = None
     try:
         FRAME.set(OFF)
         decision = NOT_PROFILED
         found: tuple[list[BatchMember], list[float] | None, bool] = ([], None, False)
-        try:  # a failing decision is counted; the batch then runs unsampled
-            decision = session.begin_root(label, False)  # never timed nor speculative
-        except Exception as exc:
-            _errors.internal(session.stats, "begin_root", exc)
         try:
             found = _valid(session.stats, members, weights)
-            if decision[0] is not PROFILED and found[2]:  # OFF, or timed (metrics)
-                decision = session.open_asked()
         except Exception as exc:
             _errors.internal(session.stats, "batch", exc)
+        try:  # a failing decision is counted; the batch then runs unsampled
+            # never timed nor speculative; a member that asked decides it as baggage does
+            decision = session.begin_root(label, False, asked=found[2])
+        except Exception as exc:
+            _errors.internal(session.stats, "begin_root", exc)
         if decision is NOT_PROFILED:
             return OFF
         if decision[0] is TIMED:  # metrics: the batch is a root call, timed like any other
@@ -247,10 +247,16 @@ def _weights(items: list[Any], weights: Any) -> list[float] | None:
             continue
         if isinstance(w, bool) or not isinstance(w, (int, float)):
             return None
-        value = float(w)
+        try:
+            value = float(w)
+        except OverflowError:  # an int past float's range
+            return None
         if not math.isfinite(value) or value < 0:
             return None
         out.append(value)
+    if out and not math.isfinite(sum(out)):  # finite weights whose sum overflows: scaled
+        top = max(out)
+        out = [value / top for value in out]
     return out if sum(out) > 0 else None
 
 

@@ -332,6 +332,28 @@ def test_bad_members_and_weights_are_counted_never_raised(
     assert "profkit.batch.size" not in (nothing[0].attributes or {})
 
 
+def test_weights_past_float_s_range_and_sums_that_overflow(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """An int weight past float's range is a bad weight (counted, equal shares, members
+    kept), not an internal error that loses the members; finite weights whose sum
+    overflows still give their shares."""
+    with batching(provider) as (cap, tracer):
+        with tracer.start_as_current_span("request"):
+            good = profkit.batch_member()
+        with profkit.batch("huge", [good, good], weights=(10**400, 1)):
+            pass
+        with profkit.batch("big", [good, good], weights=(1e308, 1e308)):
+            pass
+    spans = cap.spans()
+    _, huge = _batch_and_members(spans, "huge")
+    assert [0.5, 0.5] == [(m.attributes or {})["profkit.batch.share"] for m in huge]
+    _, big = _batch_and_members(spans, "big")
+    assert [0.5, 0.5] == [(m.attributes or {})["profkit.batch.share"] for m in big]
+    assert [True, True] == [(m.attributes or {})["profkit.batch.weighted"] for m in big]
+    assert (1, 0) == (cap.stats["batch_weights_invalid"], cap.stats["errors"])
+
+
 def test_a_batch_inside_a_profiled_call_is_a_region(
     provider: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
@@ -404,19 +426,15 @@ def test_an_error_in_the_forward_reaches_the_batcher_and_the_spans(
 
 
 @pytest.mark.usefixtures("swallow_internal_errors")
-def test_a_failing_forced_open_is_counted_and_the_batch_runs(
+def test_a_failing_decision_of_an_asked_batch_is_counted_and_the_batch_runs(
     provider: tuple[TracerProvider, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A bug in the forced open is counted (error "batch"); the batch itself runs unprofiled."""
+    """A bug in the decision of a batch a member asked for is counted (error "begin_root");
+    the batch itself runs unprofiled."""
     with batching(provider, sample_every=QUIET) as (cap, _):
         _quiet_session_first_call()
         session = profkit._global.get_session()
         assert session is not None
-
-        def broken() -> None:
-            raise RuntimeError("injected")
-
-        monkeypatch.setattr(session, "open_asked", broken)
         profkit.trigger(1, label="handler")
 
         @profkit.profiled("handler")
@@ -424,10 +442,65 @@ def test_a_failing_forced_open_is_counted_and_the_batch_runs(
             return profkit.batch_member()
 
         asked = handler()
+        real = session.begin_root
+
+        def broken(label: str, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("asked"):
+                raise RuntimeError("injected")
+            return real(label, *args, **kwargs)
+
+        monkeypatch.setattr(session, "begin_root", broken)
         ran = []
         with profkit.batch("forward", [asked]):
             ran.append(True)
     assert [True] == ran
     assert [] == _by_name(cap.spans(), "forward")
-    assert {"batch": 1} == cap.stats["error_reasons"]
-    assert 3 == cap.stats["root_calls"]
+    assert {"begin_root": 1} == cap.stats["error_reasons"]
+    assert 2 == cap.stats["root_calls"]
+
+
+def _asked_member(tracer: Any) -> profkit.BatchMember:
+    """A request whose baggage asks for a profile, in a sampled trace of its own."""
+    from opentelemetry import baggage, context
+
+    token = context.attach(baggage.set_baggage("profkit.profile", "1"))
+    try:
+        with tracer.start_as_current_span("request"):
+            return profkit.batch_member()
+    finally:
+        context.detach(token)
+
+
+def test_a_refused_asked_batch_is_counted_once(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A batch the rate cap refuses, one of whose members asked: one refusal, counted once,
+    and the counters add up (it was counted twice: once by the decision, once by the
+    forced open that followed it)."""
+    tracer = provider[0].get_tracer("test")
+    with capture(sample_every=1, cold_calls=0, baggage_trigger=True, max_per_minute=1) as cap:
+        for _ in range(2):
+            with profkit.batch("forward", [_asked_member(tracer)]):
+                pass
+    s = cap.stats
+    assert (2, 1, 1) == (s["root_calls"], s["sampled"], s["unsampled"])
+    assert 1 == s["skipped_rate_limit"]
+    assert s["root_calls"] == s["sampled"] + s["warmup_calls"] + s["unsampled"]
+
+
+def test_an_asked_batch_of_a_cold_label_says_cold(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """The first batch of its label (cold) profiled because a member asked: marked cold, as
+    a plain root call profiled for its baggage is (``profkit.cold`` on its span)."""
+    tracer = provider[0].get_tracer("test")
+    with (
+        capture(sample_every=10**9, cold_calls=3, baggage_trigger=True) as cap,
+        profkit.batch("forward", [_asked_member(tracer)]),
+    ):
+        pass
+    (call,) = cap.calls
+    assert ("baggage", True) == (call.policy, call.cold)
+    (span,) = [s for s in cap.spans() if f"{s.context.span_id:016x}" == call.span_id]
+    assert span.attributes is not None
+    assert span.attributes.get("profkit.cold") is True
