@@ -156,15 +156,10 @@ class _Index:
 
     def match_scope(self, record: ScopeRecord) -> EventView | None:
         """The profiler range of a Python-timed scope: same label, inside its Python bounds
-        (give or take the slack), the one whose start and end lie closest to the scope's,
-        and none that an earlier scope of the window took.
-
-        Scopes of one label can nest (a recursive function, a region in a region of its
-        label) or overlap (gathered coroutines in one window): an inner scope's bounds, with
-        the slack, may hold the outer one's range too. The closest fit is the scope's own
-        range (its Python times are taken just before the range opens and just after it
-        closes), and a range serves one scope only.
-        """
+        (with the slack), the closest to them, and none an earlier scope took. Scopes of one
+        label nest (recursion) or overlap (gathered coroutines): an inner scope's bounds may
+        hold the outer's range too, but its own range fits closest (Python times it just
+        outside the range), and a range serves one scope."""
         best: EventView | None = None
         best_gap = 0
         start, end, taken = record.start_ns, record.end_ns, self.taken
