@@ -504,3 +504,40 @@ def test_an_asked_batch_of_a_cold_label_says_cold(
     (span,) = [s for s in cap.spans() if f"{s.context.span_id:016x}" == call.span_id]
     assert span.attributes is not None
     assert span.attributes.get("profkit.cold") is True
+
+
+def test_an_asked_batch_joins_the_speculative_window_of_its_loop(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """``capture_slow`` on an event loop: a batch a member asked for, entered while the loop's
+    speculative window is open, joins it as ``"baggage"``, as a root region whose baggage
+    asks does; it is not refused as busy (that window is this thread's own)."""
+    import asyncio
+
+    from profkit._capture.slot import SLOT
+
+    tracer = provider[0].get_tracer("test")
+
+    @profkit.profiled("handler")
+    async def handler() -> None:
+        await asyncio.sleep(0.01)
+
+    async def main() -> int:
+        for _ in range(40):  # the label's baseline: speculative windows open from here on
+            await handler()
+        joined = 0
+        for _ in range(10):
+            task = asyncio.create_task(handler())
+            await asyncio.sleep(0.002)
+            joined += SLOT.held is not None
+            async with profkit.batch("forward", [_asked_member(tracer)]):
+                pass
+            await task
+        return joined
+
+    with capture(sample_every=10**9, cold_calls=0, capture_slow=True, baggage_trigger=True) as cap:
+        joined = asyncio.run(main())
+    assert joined >= 1  # the case under test happened
+    forward = [c.policy for c in cap.calls if c.label == "forward"]
+    assert ["baggage"] * 10 == forward
+    assert 0 == cap.stats["skipped_busy"]
