@@ -114,6 +114,9 @@ class CallRecord:
     thread_name: str
     scopes: list[ScopeRecord] = dataclasses.field(default_factory=list)
     intervals: list[tuple[int, int]] | None = None
+    interleaved: bool = False
+    """Its event loop ran other callbacks inside the root, whose steps are not known (a root
+    ``region()`` across an ``await``): another task's ops may be in its range (``window``)."""
     error: BaseException | None = None
     done: bool = False
     """The root call has ended."""

@@ -22,9 +22,9 @@ import wrapt
 
 from .._model import CodeInfo
 from .compiler import compiled_away, compiling
-from .drivers import Stepped, SteppedAsyncGen, async_call, drive
+from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
 from .routes import warn_if_route
-from .scope import FRAME, OFF, enter, exit_, sync_call, undo_enter
+from .scope import FRAME, OFF, Active, enter, exit_, sync_call, undo_enter
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -353,6 +353,8 @@ class region:
                 self._outer = []
             self._outer.append(self._entered)
         self._entered = entered
+        if entered.__class__ is Active and entered.session is not None:  # a sampled root
+            watch_loop(entered.call)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -7,7 +7,9 @@ that sets the scope's frame only while the generator runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from asyncio import _get_running_loop
 from collections.abc import Callable, Generator
 from contextvars import Token
 from typing import Any
@@ -18,7 +20,9 @@ from .._overhead import Control
 from .._targeting.slow import Timed
 from .scope import FRAME, OFF, Active, enter, exit_, undo_enter
 
-__all__ = ["Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice"]
+__all__ = [
+    "Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice", "watch_loop",
+]  # fmt: skip
 
 _set_frame = FRAME.set
 _get_frame = FRAME.get
@@ -59,6 +63,22 @@ def async_call(
                 undo_enter(outer, error)
 
     return profiled_coroutine
+
+
+def watch_loop(call: Any) -> None:
+    """A sampled root ``region()`` in an event loop: if the loop runs anything else before it
+    ends (the region spans an ``await``), its steps are unknown, so another task's ops may be
+    in its range: the call then says ``attribution="window"`` (a decorated coroutine is
+    exact, :class:`Intervals`). A callback runs only once the task yields to the loop."""
+    loop = _get_running_loop()
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # a closing loop: nothing else will run
+            loop.call_soon(_interleaved, call)
+
+
+def _interleaved(call: Any) -> None:
+    if not call.done:
+        call.interleaved = True
 
 
 def exit_twice(entered: Any, error: BaseException | None) -> None:
@@ -233,7 +253,10 @@ class Stepped:
     restores the caller's afterwards. Each step is a checkpoint for ``max_window_s``.
     """
 
-    __slots__ = ("_entered", "_frame", "_started", "_timed", "attributes", "code", "label", "spec")
+    __slots__ = (
+        "_entered", "_frame", "_intervals", "_started", "_t0", "_timed",
+        "attributes", "code", "label", "spec",
+    )  # fmt: skip
 
     def __init__(
         self, label: str, attributes: dict[str, Any], code: CodeInfo | None, spec: bool = True
@@ -243,6 +266,9 @@ class Stepped:
         self._entered: Active | None = None
         self._frame: Any = None
         self._timed: Timed | Control | None = None  # an unprofiled root, timed: ended with it
+        #: a sampled root's running intervals: other tasks' (or the consumer's) ops fall between
+        self._intervals: list[tuple[int, int]] | None = None
+        self._t0 = 0
 
     def step_in(self) -> Token[Any] | None:
         """Before a step: enter the scope on the first one, then set its frame."""
@@ -257,16 +283,21 @@ class Stepped:
                     self._timed = entered if timed else None
                     if isinstance(entered, Active):
                         self._entered = entered
+                        if entered.session is not None:  # a root: its steps are timed
+                            self._intervals = entered.call.intervals = []
             finally:
                 FRAME.set(outer)  # the caller's frame; ours is set per step below
         if self._frame is None:
             return None
         if self._entered is not None:
             checkpoint()
+            self._t0 = time.time_ns()
         return FRAME.set(self._frame)
 
     def step_out(self, token: Token[Any] | None) -> None:
-        """After a step: the caller's frame again."""
+        """After a step: the caller's frame again (and a sampled root's step timed)."""
+        if self._intervals is not None:
+            self._intervals.append((self._t0, time.time_ns()))
         if token is not None:
             try:  # noqa: SIM105  # contextlib.suppress builds an object per step
                 FRAME.reset(token)

@@ -11,10 +11,11 @@ Attribution of ops to a call (the rule ``CallSummary.attribution`` reports):
   thread inside one of the call's own nested scopes (a region or decorated function run in
   the call's copied context, e.g. via ``asyncio.to_thread``; recorded with ``all_threads``).
 * ``"task"``: the same, but ops on the call's own thread count only inside the intervals in
-  which its coroutine was actually running, so other tasks on the event loop are left out.
+  which its coroutine (or generator) was actually running, so other tasks are left out.
 * ``"window"``: exactness is impossible: with ``all_threads`` and no scope of the call on
   another thread, every thread's ops in the root range are taken (another request's may be
-  among them); or the root's profiler range was not found.
+  among them); or the root's profiler range was not found; or the root, a ``region()`` in a
+  task, let its event loop run other callbacks (``CallRecord.interleaved``).
 
 Device events join through the CPU op that launched them; rows aggregate as ``key_averages``
 does; an unreadable event is skipped rather than failing the window."""
@@ -366,7 +367,7 @@ def _attribute(
         for i in range(len(own) - 1, 0, -1):
             inclusive[call.scopes[i].parent].update(inclusive[i])
         per_scope = [_with_device(index, list(found.values())) for found in inclusive]
-    if not exact:
+    if not exact or call.interleaved:
         return "window", per_scope
     return ("task" if intervals is not None else "thread"), per_scope
 

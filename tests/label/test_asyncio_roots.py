@@ -1,0 +1,111 @@
+"""asyncio roots other than a decorated coroutine: a decorated async generator keeps only the
+ops of its own steps; a root ``region()`` held across an ``await`` cannot tell its task's ops
+from another task's, and says so (``attribution="window"``) rather than claim them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+import profkit
+from profkit.testing import capture
+
+STEPS = 3
+NEIGHBOUR_OPS = 20
+
+
+def _rows(call: profkit.CallSummary) -> dict[str, int]:
+    return {row.name: row.count for row in call.root.ops}
+
+
+async def _neighbour() -> None:
+    """Another request on the same loop: softmaxes outside any profkit scope, some of them
+    while the sampled root waits."""
+    for _ in range(NEIGHBOUR_OPS):
+        torch.softmax(torch.ones(4, 4), 0)
+        await asyncio.sleep(0)
+
+
+@profkit.profiled("agen")
+async def _agen() -> AsyncIterator[int]:
+    for i in range(STEPS):
+        torch.mm(torch.ones(4, 4), torch.ones(4, 4))  # the stream's own work
+        await asyncio.sleep(0.002)  # the loop serves the neighbour here, inside the step
+        yield i
+
+
+@pytest.mark.timeout(60)
+def test_a_sampled_async_generator_keeps_only_its_own_steps_ops() -> None:
+    async def main() -> list[int]:
+        async def consume() -> list[int]:
+            return [x async for x in _agen()]
+
+        got, _ = await asyncio.gather(consume(), _neighbour())
+        return got
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
+        assert list(range(STEPS)) == asyncio.run(main())
+    (call,) = cap.calls
+    assert call.label == "agen"
+    assert call.truncated is None
+    assert call.attribution == "task"
+    rows = _rows(call)
+    assert STEPS == rows["aten::mm"]
+    assert not {name for name in rows if "softmax" in name}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("form", ["async with", "with"])
+def test_a_root_region_across_an_await_says_window(form: str) -> None:
+    """``async with region()`` (or a plain ``with`` around an ``await``) as a task's root:
+    the neighbour's ops fall in its range on its thread, and no step boundaries are known."""
+
+    async def request() -> int:
+        if form == "async with":
+            async with profkit.region("req"):
+                torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+                await asyncio.sleep(0.01)
+        else:
+            with profkit.region("req"):
+                torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+                await asyncio.sleep(0.01)
+        return 7
+
+    async def main() -> int:
+        got, _ = await asyncio.gather(request(), _neighbour())
+        return got
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
+        assert 7 == asyncio.run(main())
+    (call,) = cap.calls
+    assert call.attribution == "window"
+    (span,) = [s for s in cap.spans() if s.name == "req"]
+    assert span.attributes is not None
+    assert span.attributes["profkit.attribution"] == "window"
+    assert 1 == _rows(call)["aten::mm"]
+
+
+@pytest.mark.timeout(60)
+def test_a_root_region_that_never_yields_to_the_loop_stays_exact() -> None:
+    """No ``await`` inside the region: nothing else ran on the loop, the table is exact."""
+
+    async def request() -> int:
+        async with profkit.region("req"):
+            torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+        await asyncio.sleep(0.01)  # after the region: the loop runs the neighbour here
+        return 7
+
+    async def main() -> int:
+        got, _ = await asyncio.gather(request(), _neighbour())
+        return got
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
+        assert 7 == asyncio.run(main())
+    (call,) = cap.calls
+    assert call.attribution == "thread"
+    rows = _rows(call)
+    assert 1 == rows["aten::mm"]
+    assert not {name for name in rows if "softmax" in name}
