@@ -63,7 +63,7 @@ class CpuMeter:
     ) -> None:
         self._clock = clock
         self._cpu = cpu
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler's call may charge too
         #: profkit's CPU seconds so far
         self.spent = 0.0
         #: (wall time, process CPU time, profkit CPU time) checkpoints, oldest first

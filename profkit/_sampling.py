@@ -228,7 +228,7 @@ class Triggered:
         self._any = 0
         self._by_label: dict[str, int] = {}
         self._labelled = 0  # the sum of _by_label
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a handler may call trigger() mid-take
         #: bumped by signal handlers only; every number it hands out is a signal, except the
         #: ones ``_drain`` itself takes (``_mark``: the first number not yet accounted for)
         self._signals = itertools.count()

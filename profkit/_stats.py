@@ -89,7 +89,7 @@ class Stats:
     """Counters of one session. ``snapshot()`` is what ``profkit.stats()`` returns."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler may read or count
         #: root-call counter, lock-free: the off-sample path calls ``next()`` on it directly
         self.roots = itertools.count()
         #: root calls in unsampled traces, lock-free for the same reason

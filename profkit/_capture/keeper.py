@@ -85,8 +85,7 @@ class WindowKeeper:
         no refusal (it was not sampled), nor does a trigger (it waits for the next call)."""
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         waits = bool(speculative) or policy is Policy.TRIGGER  # counts no refusal: it waits
-        # the record first: each count of the call is marked on it, once (docs/reliability.md)
-        call = CallRecord.begin(policy, parent, sampler)
+        call = CallRecord.begin(policy, parent, sampler)  # first: its counts are marked on it
         if not SLOT.acquire() and not _reclaim_if_owner_exited():
             self._refuse(call, waits, "skipped_busy")
             return None
@@ -178,12 +177,14 @@ class WindowKeeper:
     # -- control ----------------------------------------------------------------------------
 
     def close_window(self, win: Window) -> None:
-        """Stop ``win`` on its own thread and hand it to the pipeline; then free the slot.
-        Once: a second attempt (after a signal's exception cut the first short) frees it."""
+        """Stop ``win`` on its own thread, hand it to the pipeline, free the slot. Once: a
+        retry (a signal's exception cut the first short) frees it; one nested in it, nothing."""
+        if win.close_running:  # the slot stays held until that close has handed it off
+            return
         try:
             if win.closing:
                 return
-            win.closing = True
+            win.closing = win.close_running = True
             cpu0 = time.thread_time()
             stopped = False
             with guard(self.stats, "profiler_stop"):
@@ -207,6 +208,7 @@ class WindowKeeper:
                 retry_once(_count_lost, win, "interrupted")
             raise
         finally:
+            win.close_running = False
             retry_once(SLOT.vacate, win)
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:

@@ -132,6 +132,7 @@ class Window:
         "__weakref__",
         "calls",
         "clobbered",
+        "close_running",
         "closing",
         "config",
         "cut_reason",
@@ -172,8 +173,8 @@ class Window:
         self.cut_reason = "max_window_s"
         #: root calls of other requests seen on this window's thread while it recorded
         self.others = 0
-        #: set as the keeper begins to close it (a close is attempted once)
-        self.closing = False
+        #: set as the keeper begins to close it (once), and while that close runs
+        self.closing = self.close_running = False
         #: queued for the export worker (set by the pipeline together with the queueing)
         self.handed = False
         #: the session's window owner that opened it (:class:`profkit._capture.keeper.WindowKeeper`)

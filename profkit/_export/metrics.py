@@ -214,7 +214,7 @@ class Metrics:
         self._delivered: collections.deque[CallSummary] = collections.deque()
         #: profiled calls waiting for their export: (window id, index) -> (label, ns, since)
         self._held: dict[tuple[int, int], tuple[str, int, float]] = {}
-        self._held_lock = threading.Lock()
+        self._held_lock = threading.RLock()  # (the request path's: re-entrant, as in _stats)
 
     # -- request path -----------------------------------------------------------------------
 

@@ -67,7 +67,8 @@ class ExportPipeline:
         # lock and the block that releases it (a Python-level Condition or queue.Queue can)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
-        self._lock = threading.Lock()  # orders offer() against shutdown()
+        # re-entrant, as every lock the request path takes: a signal handler calling profkit
+        self._lock = threading.RLock()  # inside the block goes on; orders offer vs shutdown
         self._closed = False
         self._ledger = _Ledger(self.stats)
         self._idle = threading.Condition()  # the worker notifies, flush waits: no request
@@ -258,7 +259,7 @@ class _Ledger:
 
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # (re-entrant: see ExportPipeline._init_state)
         self.pending = 0
         self.lost = False
         #: shutdown gave up on the window in flight and counted its calls ("shutdown")
