@@ -6,7 +6,20 @@ import math
 import threading
 import time
 
-__all__ = ["Deadline"]
+__all__ = ["Deadline", "timeout_s"]
+
+
+def timeout_s(timeout: object) -> float:
+    """``force_flush``'s and ``shutdown``'s ``timeout``, checked before anything is done:
+    seconds (a negative number is no time), or None to wait as long as it takes (like the
+    standard library's ``timeout=None``); anything else raises a ValueError naming it."""
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds or None, not {timeout!r}")
+    if math.isnan(timeout):
+        raise ValueError("timeout must be a number of seconds or None, not nan")
+    return max(0.0, float(timeout))
 
 
 class Deadline:

@@ -14,6 +14,7 @@ from ._capture import hooks as _hooks
 from ._capture import keeper as _keeper
 from ._capture.window import started_before_fork
 from ._config import Config, build_config
+from ._deadline import timeout_s
 from ._label.scope import GLOBAL
 from ._session import Session
 from ._stats import Stats, StatsSnapshot
@@ -224,19 +225,23 @@ def stats() -> StatsSnapshot:
     return (session.stats if session is not None else Stats()).snapshot()
 
 
-def force_flush(timeout: float = 5.0) -> bool:
-    """Export everything sampled so far; True when it all went out within ``timeout`` s."""
+def force_flush(timeout: float | None = 5.0) -> bool:
+    """Export everything sampled so far; True when it all went out within ``timeout`` s
+    (None: however long it takes; a timeout that is not a number raises ValueError)."""
+    seconds = timeout_s(timeout)
     session = get_session()
-    return True if session is None else session.force_flush(timeout)
+    return True if session is None else session.force_flush(seconds)
 
 
-def shutdown(timeout: float = 5.0) -> bool:
+def shutdown(timeout: float | None = 5.0) -> bool:
     """Flush and stop the global session; later calls run unprofiled. True when all exported.
 
-    Puts back the signal handler that ``trigger_signal`` replaced.
+    Puts back the signal handler that ``trigger_signal`` replaced. ``timeout`` as for
+    :func:`force_flush`, checked before anything is stopped.
     """
+    seconds = timeout_s(timeout)
     session = install(None)
-    flushed = True if session is None else session.shutdown(timeout)
+    flushed = True if session is None else session.shutdown(seconds)
     with _lifecycle:  # (a configure() that started meanwhile has its session in by now)
         if get_session() is None:  # the last session: profkit's hooks come out of the process
             _foreign.remove_hooks()

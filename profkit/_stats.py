@@ -182,10 +182,10 @@ class Stats:
             self._counts["dropped"] += n
             self.dropped_reasons[reason] += n
 
-    def error(self, reason: str, exc: BaseException | None) -> None:
+    def error(self, reason: str, exc: BaseException | None, n: int = 1) -> None:
         with self._lock:
-            self._counts["errors"] += 1
-            self.error_reasons[reason] += 1
+            self._counts["errors"] += n
+            self.error_reasons[reason] += n
             first = reason not in self._logged
             self._logged.add(reason)
         if first:

@@ -1,11 +1,12 @@
 """Fan-out: one summary to every exporter, spans first, each exporter on its own runner.
 
 The span step runs before any exporter: it makes the spans and returns the summary with
-each call's trace and span ids, which every exporter then receives (so log events carry
-the call's span id whatever the order of ``exporters``). Each exporter runs on a daemon
-thread of its own, so one that hangs is cut off by ``export_timeout`` (and skipped while it
-is still stuck) without holding up the others. ``flush`` and ``shutdown`` share the
-caller's one deadline across all exporters.
+each call's trace and span ids, which every exporter then receives at once (so log events
+carry the call's span id whatever the order of ``exporters``). Each exporter runs on a
+daemon thread of its own, so one that hangs is cut off by ``export_timeout`` (and skipped
+while it is still stuck) and a slow one adds its time to none of the others'; the worker
+waits for all of them (one window at a time). ``flush`` and ``shutdown`` share the caller's
+one deadline across all exporters.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _Adapted(Exporter):
         self.name = str(getattr(target, "name", "") or type(target).__name__)
         self._flush = getattr(target, "force_flush", None)
         self.flushes = self._flush is not None
+        self._flush_takes_timeout = self._flush is not None and _takes_argument(self._flush)
         self._stop = getattr(target, "shutdown", None)
         self._stop_takes_timeout = self._stop is not None and _takes_argument(self._stop)
 
@@ -54,7 +56,10 @@ class _Adapted(Exporter):
         self.target.export(summary)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
-        return True if self._flush is None else self._flush(timeout) is not False
+        if self._flush is None:
+            return True
+        done = self._flush(timeout) if self._flush_takes_timeout else self._flush()
+        return done is not False
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._stop is not None:
@@ -104,10 +109,11 @@ class _Runner:
     soon as the call it is running (if any) returns.
     """
 
-    def __init__(self, exporter: Exporter, stats: Stats) -> None:
+    def __init__(self, exporter: Exporter, stats: Stats, thread: str = "") -> None:
         self.exporter = exporter
         self.stats = stats  # its CPU time per call is profkit's: charged to stats.cpu
         self.name = exporter.name or type(exporter).__name__
+        self._thread_name = f"profkit-{thread or self.name}"
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.busy = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,21 +139,30 @@ class _Runner:
 
     def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
         """Run ``fn`` on the runner: (finished in time, result or exception)."""
+        if timeout is not None and timeout <= 0:
+            return False, TimeoutError(f"no time left for exporter {self.name!r}")
+        return self.wait(self.submit(fn), timeout)
+
+    def submit(self, fn: Callable[[], Any]) -> Any:
+        """Start ``fn`` on the runner; :meth:`wait` for what this returns."""
         if self._closed:  # e.g. force_flush() on a session that was shut down
             return True, RuntimeError(f"exporter {self.name!r} was shut down")
         if self.busy.is_set():
             return False, TimeoutError(f"exporter {self.name!r} still busy with an earlier call")
-        if timeout is not None and timeout <= 0:
-            return False, TimeoutError(f"no time left for exporter {self.name!r}")
         done = threading.Event()
         box: list[Any] = []
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name=f"profkit-{self.name}", daemon=True
-            )
+            self._thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
             self._thread.start()
         self.busy.set()
         self._jobs.put((fn, done, box))
+        return done, box
+
+    def wait(self, job: Any, timeout: float | None) -> tuple[bool, Any]:
+        """(finished in time, result or exception) of a :meth:`submit`."""
+        done, box = job
+        if isinstance(done, bool):  # refused: (finished, why)
+            return done, box
         if not done.wait(timeout):
             return False, TimeoutError(f"exporter {self.name!r} took longer than {timeout}s")
         return True, box[0]
@@ -174,11 +189,19 @@ class Fanout:
         self._on_delivered = on_delivered
         self._timeout = export_timeout
         self._spans = _Runner(spans, stats) if spans is not None else None
+        #: the span step's flush (the provider's) on a thread of its own: one that hangs on a
+        #: dead collector then holds up no later window's spans (a provider is thread-safe)
+        self._span_flush = _Runner(spans, stats, "otel-flush") if spans is not None else None
         self._runners = [_Runner(e, stats) for e in exporters]
         self._warned_no_provider = False
+        #: windows given to the exporters, and how many of them the last good flush covered
+        self._exported = self._flushed = 0
 
     def _all(self) -> list[_Runner]:
         return ([self._spans] if self._spans is not None else []) + self._runners
+
+    def _flushers(self) -> list[_Runner]:
+        return ([self._span_flush] if self._span_flush is not None else []) + self._runners
 
     def export(self, summary: WindowSummary) -> tuple[int, str | None, bool]:
         """:meth:`_export`, then tell ``on_delivered`` which calls were delivered."""
@@ -200,6 +223,7 @@ class Fanout:
         fails the window's calls (the last failure is the reason), as before. With no
         exporter and no span step at all a call is delivered nowhere ("no_exporter").
         """
+        self._exported += 1
         failure = None
         spans_ok = True
         why_not = "span_not_recording"
@@ -217,13 +241,19 @@ class Fanout:
                 failure = result
         if failure is not None:
             spans_ok = False
-        for runner in self._runners:
-            ok, result = self._run(runner, functools.partial(runner.exporter.export, summary))
+        # every exporter at once: a slow one adds its time to none of the others'
+        jobs = [(r, r.submit(functools.partial(r.exporter.export, summary))) for r in self._runners]
+        deadline = Deadline(self._timeout)
+        for runner, job in jobs:
+            ok, result = self._ended(runner, runner.wait(job, deadline.wait_arg()))
             if not ok:
                 failure = result
         if failure is not None:
             return (0, failure, False), summary
         if self._runners:
+            missing = sum(1 for c in summary.calls if not c.span_id)
+            if self._spans is not None and missing:  # delivered, but not as spans: say why
+                self.stats.error(why_not, None, missing)
             return (len(summary.calls), None, spans_ok), summary
         if self._spans is None:
             return (0, "no_exporter", False), summary
@@ -244,7 +274,10 @@ class Fanout:
 
     def _run(self, runner: _Runner, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """(True, ``fn``'s result), or (False, the drop reason) when it failed or timed out."""
-        finished, result = runner.call(fn, self._timeout)
+        return self._ended(runner, runner.call(fn, self._timeout))
+
+    def _ended(self, runner: _Runner, outcome: tuple[bool, Any]) -> tuple[bool, Any]:
+        finished, result = outcome
         if finished and not isinstance(result, BaseException):
             return True, result
         reason = f"{'export_error' if finished else 'export_timeout'}:{runner.name}"
@@ -252,15 +285,25 @@ class Fanout:
         return False, reason
 
     def flush(self, deadline: Deadline) -> bool:
-        """Flush every exporter within the one deadline; True when all succeeded."""
+        """Flush every exporter within the one deadline; True when all succeeded (at once
+        when no window went out since the last good flush). A failure is counted:
+        ``flush_error:<name>`` (raised), ``flush_timeout:<name>``, ``flush_failed:<name>``."""
+        exported = self._exported
+        if exported == self._flushed:
+            return True
         ok = True
-        for runner in self._all():
+        for runner in self._flushers():
             if not _flushes(runner.exporter):
                 continue  # nothing buffered: even one still stuck in export() has no flush
             flush = functools.partial(runner.exporter.force_flush, deadline.left())
             finished, result = runner.call(flush, deadline.wait_arg())
             if not finished or isinstance(result, BaseException) or result is False:
                 ok = False
+                kind = "timeout" if not finished else "failed" if result is False else "error"
+                error = result if isinstance(result, BaseException) else None
+                self.stats.error(f"flush_{kind}:{runner.name}", error)
+        if ok:
+            self._flushed = exported
         return ok
 
     def shutdown(self, deadline: Deadline) -> None:
@@ -270,9 +313,12 @@ class Fanout:
             wait = None if wait is None else max(wait, _MIN_SHUTDOWN_S)
             runner.call(functools.partial(runner.exporter.shutdown, deadline.left()), wait)
             runner.close()
+        if self._span_flush is not None:
+            self._span_flush.close()
 
     def at_fork_reinit(self) -> None:
         """In a forked child: the runner threads did not survive the fork; new ones, lazily."""
         if self._spans is not None:
             self._spans = _Runner(self._spans.exporter, self.stats)
+            self._span_flush = _Runner(self._spans.exporter, self.stats, "otel-flush")
         self._runners = [_Runner(r.exporter, self.stats) for r in self._runners]

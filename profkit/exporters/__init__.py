@@ -32,9 +32,10 @@ __all__ = ["Exporter"]
 class Exporter:
     """Base class of exporters: receives summaries on profkit's export thread.
 
-    Each exporter runs on a thread of its own, so one that is slow or hangs is cut off after
-    ``export_timeout`` (and skipped while still stuck) without holding up the others; what
-    it raises is counted, never propagated. ``force_flush`` and ``shutdown`` get what is
+    Each exporter runs on a thread of its own and gets each window when the others do, so
+    one that is slow or hangs is cut off after ``export_timeout`` (and skipped while still
+    stuck) without adding its time to the others'; what it raises is counted, never
+    propagated. ``force_flush`` and ``shutdown`` get what is
     left of the caller's deadline.
     """
 

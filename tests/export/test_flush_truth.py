@@ -1,0 +1,218 @@
+"""What force_flush() and shutdown() return, and what the counters say when it is False:
+a flush that failed says why, a flush that timed out holds up no later span, a bad timeout
+changes nothing, nothing pending flushes in no time, and one slow exporter does not add its
+time to the others'."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import profkit
+from profkit import WindowSummary
+
+
+@profkit.profiled("work")
+def work() -> int:
+    return 1
+
+
+def _settings() -> dict[str, object]:
+    return {"sample_every": 1, "cold_calls": 0, "max_per_minute": None}
+
+
+class Sink:
+    name = "sink"
+
+    def __init__(self) -> None:
+        self.windows = 0
+
+    def export(self, summary: WindowSummary) -> None:
+        self.windows += 1
+
+
+class RaisingFlush(Sink):
+    name = "raising"
+
+    def force_flush(self, timeout: float) -> bool:
+        raise OSError("disk full while flushing")
+
+
+class FlushWithoutTimeout(Sink):
+    name = "no_timeout"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def force_flush(self) -> bool:
+        self.flushes += 1
+        return True
+
+
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_an_exporters_flush_that_raises_is_counted() -> None:
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(RaisingFlush(),))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(5.0) is False
+    stats = profkit.stats()
+    assert 1 == stats["exported"]
+    assert 1 == stats["error_reasons"].get("flush_error:raising")
+
+
+def test_a_flush_without_a_timeout_parameter_is_called() -> None:
+    exporter = FlushWithoutTimeout()
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(5.0) is True
+    assert 1 == exporter.flushes
+    assert {} == profkit.stats()["error_reasons"]
+
+
+class Hanging(SpanExporter):
+    """A span exporter whose export blocks until released (a collector that never answers)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.spans = 0
+
+    def export(self, spans: object) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        self.spans += len(spans)  # type: ignore[arg-type]
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.release.wait(timeout_millis / 1000)
+
+
+@pytest.fixture
+def hanging() -> Iterator[Hanging]:
+    exporter = Hanging()
+    yield exporter
+    exporter.release.set()
+
+
+def test_a_timed_out_flush_holds_up_no_later_span(hanging: Hanging) -> None:
+    """force_flush() times out on a hung span processor; the calls after it still get their
+    spans made (the span step is not stuck behind the provider's flush)."""
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+
+    class Stuck(SpanProcessor):  # its flush hangs, like a batch one's with a dead collector
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return hanging.force_flush(30_000)
+
+    provider.add_span_processor(Stuck())
+    profkit.configure(**_settings(), exporters=("otel",), tracer_provider=provider)
+    work()
+    assert profkit.force_flush(0.5) is False  # the provider's flush is still hung
+    for _ in range(3):
+        work()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and profkit.stats()["exported"] < 4:
+        time.sleep(0.05)
+    stats = profkit.stats()
+    assert 4 == stats["exported"], stats
+    assert 0 == stats["dropped"], stats["dropped_reasons"]
+    assert 4 == sum(1 for s in memory.get_finished_spans() if s.name == "work")
+    hanging.release.set()
+
+
+def test_spans_missing_beside_another_exporter_say_why() -> None:
+    """The provider shut down: the log of calls still reaches the other exporter (exported),
+    and the missing spans are counted, so flush's False has a reason."""
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    sink = Sink()
+    profkit.configure(
+        **_settings(), exporters=("otel",), tracer_provider=provider, extra_exporters=(sink,)
+    )  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(5.0) is True
+    provider.shutdown()
+    for _ in range(3):
+        work()
+    assert profkit.force_flush(5.0) is False
+    stats = profkit.stats()
+    assert 4 == stats["exported"]
+    assert 3 == stats["error_reasons"].get("provider_shut_down")
+    assert 1 == sum(1 for s in memory.get_finished_spans() if s.name == "work")
+
+
+@pytest.mark.parametrize("bad", ["5", float("nan"), True, object()])
+def test_a_bad_timeout_raises_before_anything_changes(bad: object) -> None:
+    class Slow(Sink):
+        def export(self, summary: WindowSummary) -> None:
+            time.sleep(0.2)
+            super().export(summary)
+
+    slow = Slow()
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(slow,))  # type: ignore[arg-type]
+    for _ in range(3):
+        work()
+    for fn in (profkit.force_flush, profkit.shutdown):
+        with pytest.raises(ValueError, match="timeout"):
+            fn(bad)  # type: ignore[arg-type]
+    assert profkit.get_config() is not None  # still installed: shutdown changed nothing
+    assert profkit.shutdown(10.0) is True
+    stats = profkit.stats()
+    assert 3 == stats["sampled"] == stats["exported"] == slow.windows
+
+
+def test_none_waits_and_a_negative_timeout_is_no_time() -> None:
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(Sink(),))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(None) is True
+    assert profkit.force_flush(-1) is True  # nothing pending: nothing to wait for
+    assert profkit.shutdown(None) is True
+
+
+def test_nothing_pending_flushes_in_no_time() -> None:
+    """force_flush(0) with nothing sampled, or everything already flushed, is True."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    profkit.configure(**_settings(), tracer_provider=provider)
+    assert profkit.force_flush(0) is True
+    work()
+    assert profkit.force_flush(5.0) is True
+    assert profkit.force_flush(0) is True
+
+
+def test_a_slow_exporter_does_not_add_its_time_to_anothers() -> None:
+    """Each window goes to every exporter at once: a fast exporter gets a window when it is
+    handed off, not after the slow one (which sets the worker's pace: one window at a time)."""
+    start = threading.Event()
+
+    class Slow(Sink):
+        name = "slow"
+
+        def export(self, summary: WindowSummary) -> None:
+            start.wait(10)  # until the fast one has had the window
+            super().export(summary)
+
+    class Fast(Sink):
+        name = "fast"
+
+        def export(self, summary: WindowSummary) -> None:
+            super().export(summary)
+            start.set()
+
+    slow, fast = Slow(), Fast()
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(slow, fast))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(20.0) is True
+    assert start.is_set()
+    assert 1 == slow.windows == fast.windows
