@@ -29,7 +29,7 @@ from . import foreign as _foreign
 from . import hooks as _hooks
 from .room import crowded, has_room
 from .slot import SLOT
-from .window import Window
+from .window import Window, stop_leaked
 
 __all__ = [
     "WindowKeeper",
@@ -92,7 +92,7 @@ class WindowKeeper:
         win: Window | None = None
         opened = charged = interrupted = False
         try:
-            if not _foreign.may_open():
+            if not _foreign.may_open() and not (stop_leaked(self.stats) and _foreign.may_open()):
                 self._refuse(call, waits, "skipped_foreign")
                 return None
             limiter = self._spec_limiter if speculative else self._limiter
@@ -376,11 +376,10 @@ def stop_left_at_exit() -> None:
     2.13; a thread-local one on this thread, an all-threads one anywhere; others are left).
     """
     win = SLOT.held
-    if win is None:
-        return
-    if not win.config.all_threads and win.owner_thread is not threading.current_thread():
-        return
-    _discard_if_still(win, "shutdown")
+    if win is None:  # none open, but one a storm of signals left on would crash it too
+        stop_leaked(None)
+    elif win.config.all_threads or win.owner_thread is threading.current_thread():
+        _discard_if_still(win, "shutdown")
 
 
 def _after_fork_in_child() -> None:

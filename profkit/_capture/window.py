@@ -32,6 +32,7 @@ from .._compat import (
     profiler_flag,
 )
 from .._config import Config
+from .._errors import retry_once
 from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
 from .._summary.raw import read_cpu_events
@@ -56,6 +57,7 @@ __all__ = [
     "prime",
     "recording_cost",
     "started_before_fork",
+    "stop_leaked",
 ]
 
 _primed: set[tuple[str, bool]] = set()
@@ -66,6 +68,8 @@ _prime_lock = threading.Lock()
 _started_in_pid = 0
 #: set in a process forked after profkit had started a profiler (in its parent or earlier)
 _forked_after_start = False
+#: each profile profkit started and has not stopped: id -> (profile, all threads, thread)
+_unstopped: dict[int, tuple[profile, bool, int]] = {}
 
 
 def started_before_fork() -> bool:
@@ -181,11 +185,6 @@ class Window:
         self.keeper: Any = None
 
     @property
-    def opened(self) -> int:
-        """Root calls that joined so far."""
-        return len(self.calls)
-
-    @property
     def in_flight(self) -> int:
         """Root calls of this window still running."""
         return sum(1 for c in self.calls if not c.done)
@@ -213,13 +212,14 @@ class Window:
         global _started_in_pid
         _started_in_pid = os.getpid()
         self.prof = prof
+        _unstopped[id(prof)] = (prof, self.config.all_threads, self.owner)
         try:
             with ours(), hold_signals():  # no signal's exception inside torch's start
                 start_profile(prof)
         except BaseException:  # a failed start, or a signal's exception right after it
             not_ours()  # (an exception on ours()'s own last line leaves it set)
-            try:  # (a signal noted in the stop is raised at its end)
-                _force_stop(prof, all_threads=self.config.all_threads, finish=True)
+            try:  # (a signal noted in the stop is raised at its end; what escapes: stop_leaked)
+                retry_once(_force_stop, prof, self.config.all_threads, True)
             finally:
                 self.prof = None
             raise
@@ -232,6 +232,7 @@ class Window:
                 with hold_signals():  # no signal's exception inside torch's stop
                     stop_profile(prof)
                     self.stopped_refs = -1  # stopped; counted below (a noted frame holds prof)
+                    _unstopped.pop(id(prof), None)
                 # the profile's references to itself plus this frame's: see release() (a
                 # signal's exception raised as the hold ends leaves -1: it is not freed early)
                 self.stopped_refs = sys.getrefcount(prof)
@@ -243,8 +244,8 @@ class Window:
     def ensure_stopped(self) -> None:
         """Stop the profiler if it still runs (a start or stop an exception cut short), and
         leave kineto no session half-started; keep the rest."""
-        if self.prof is not None and not self.stopped_refs:
-            _force_stop(self.prof, all_threads=self.config.all_threads, finish=True)
+        if self.prof is not None and not self.stopped_refs:  # (once more if cut short)
+            retry_once(_force_stop, self.prof, self.config.all_threads, True)
 
     def discard(self) -> None:
         """Give the window up unread: its thread is gone (it exited, or this is a forked child).
@@ -315,6 +316,7 @@ class Window:
         """
         prof, self.prof = self.prof, None
         self.calls.clear()
+        _unstopped.pop(id(prof), None)  # (done with: one whose stop failed is not ours to stop)
         inner = getattr(prof, "profiler", None)
         if inner is None or sys.getrefcount(prof) > self.stopped_refs - 1:
             return
@@ -330,7 +332,7 @@ def _still_enabled_here() -> bool:
     return profiler_enabled_here()
 
 
-def _force_stop(prof: profile, *, all_threads: bool, finish: bool = False) -> None:
+def _force_stop(prof: profile, all_threads: bool, finish: bool = False) -> None:
     """Stop what is left of a profiler we give up on: a half-done start, a stranded window.
 
     ``torch._C._autograd._profiler_enabled()`` sees only this thread's profiler, never an
@@ -359,3 +361,21 @@ def _force_stop(prof: profile, *, all_threads: bool, finish: bool = False) -> No
                     finish_interrupted_start(inner)
         if foreign_profiler_active() and not _still_enabled_here():
             clear_profiler_flag()
+        _unstopped.pop(id(prof), None)
+
+
+def stop_leaked(stats: Any) -> bool:
+    """Stop what profkit started and no window holds any more, on this thread (or recording
+    all threads): a second signal's exception landing inside the recovery from a first one
+    (storms of timeouts) can leave a profiler on with its window gone, which would then be
+    taken for someone else's for good and crash the exit. Called where the slot is ours (so
+    no window is open) and a profiler is on; counted ``error_reasons["leaked_profiler"]``.
+    True when one was stopped."""
+    here = threading.get_ident()
+    leaked = [(k, v) for k, v in list(_unstopped.items()) if v[1] or v[2] == here]
+    for key, (prof, all_threads, _) in leaked:
+        _force_stop(prof, all_threads, True)
+        _unstopped.pop(key, None)
+        if stats is not None:  # (None: at exit)
+            stats.error("leaked_profiler", None)
+    return bool(leaked)
