@@ -232,8 +232,12 @@ ACTIVITY = _meta(
 )
 EXPORTER_NAMES = _meta(
     Setting(
-        lambda v: isinstance(v, tuple) and all(isinstance(n, str) and n in EXPORTERS for n in v),
-        f"a tuple of names from {EXPORTERS}",
+        lambda v: (
+            isinstance(v, tuple)
+            and all(isinstance(n, str) and n in EXPORTERS for n in v)
+            and len(set(v)) == len(v)
+        ),  # a name twice would export every window twice
+        f"a tuple of distinct names from {EXPORTERS}",
         _parse_names,
         accepts="Sequence[str] | str",
         coerce=_names,
@@ -241,8 +245,8 @@ EXPORTER_NAMES = _meta(
 )
 DIRECTORY = _meta(
     Setting(
-        lambda v: v is None or isinstance(v, str),
-        "a path or None",
+        lambda v: v is None or (isinstance(v, str) and "\0" not in v),
+        "a path (no NUL character) or None",
         _or_none(_parse_text),
         accepts="str | os.PathLike[str] | None",
         coerce=_path,

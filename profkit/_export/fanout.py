@@ -48,9 +48,9 @@ class _Adapted(Exporter):
         self.name = str(getattr(target, "name", "") or type(target).__name__)
         self._flush = getattr(target, "force_flush", None)
         self.flushes = self._flush is not None
-        self._flush_takes_timeout = self._flush is not None and _takes_argument(self._flush)
+        self._flush_arg = _timeout_arg(self._flush)
         self._stop = getattr(target, "shutdown", None)
-        self._stop_takes_timeout = self._stop is not None and _takes_argument(self._stop)
+        self._stop_arg = _timeout_arg(self._stop)
 
     def export(self, summary: WindowSummary) -> None:
         self.target.export(summary)
@@ -58,12 +58,11 @@ class _Adapted(Exporter):
     def force_flush(self, timeout: float = 5.0) -> bool:
         if self._flush is None:
             return True
-        done = self._flush(timeout) if self._flush_takes_timeout else self._flush()
-        return done is not False
+        return self._flush(*self._flush_arg(timeout)) is not False
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._stop is not None:
-            self._stop(timeout) if self._stop_takes_timeout else self._stop()
+            self._stop(*self._stop_arg(timeout))
 
 
 def _flushes(exporter: Exporter) -> bool:
@@ -73,11 +72,18 @@ def _flushes(exporter: Exporter) -> bool:
     return type(exporter).force_flush is not Exporter.force_flush
 
 
-def _takes_argument(fn: Callable[..., Any]) -> bool:
+def _timeout_arg(fn: Callable[..., Any] | None) -> Callable[[float], tuple[Any, ...]]:
+    """How to pass a timeout in seconds to ``fn``: not at all (no parameter), as seconds,
+    or as milliseconds when its parameter says so (OpenTelemetry's ``timeout_millis``)."""
     try:
-        return bool(inspect.signature(fn).parameters)
+        params = list(inspect.signature(fn).parameters) if fn is not None else []
     except (TypeError, ValueError):
-        return False
+        params = []
+    if not params:
+        return lambda timeout: ()
+    if "millis" in params[0]:
+        return lambda timeout: (int(min(timeout, 3600.0) * 1000),)
+    return lambda timeout: (timeout,)
 
 
 def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]]:

@@ -26,6 +26,8 @@ from profkit.testing import CaptureExporter
         ({"warmup": -1}, "warmup"),
         ({"activities": "tpu"}, "activities"),
         ({"exporters": ("nope",)}, "exporters"),
+        ({"exporters": ("otel", "otel")}, "exporters"),  # every window twice
+        ({"trace_dir": "/tmp/a\0b"}, "trace_dir"),  # no file can be written there
         ({"max_per_minute": 0}, "max_per_minute"),
         ({"max_overhead": 0}, "max_overhead"),
         ({"max_overhead": 1.5}, "max_overhead"),

@@ -216,3 +216,27 @@ def test_a_slow_exporter_does_not_add_its_time_to_anothers() -> None:
     assert profkit.force_flush(20.0) is True
     assert start.is_set()
     assert 1 == slow.windows == fast.windows
+
+
+def test_an_opentelemetry_style_exporter_gets_milliseconds() -> None:
+    """``force_flush(timeout_millis)`` / ``shutdown(timeout_millis)``, OpenTelemetry's
+    spelling, are given milliseconds (5 s, not 5 ms)."""
+    got: dict[str, int] = {}
+
+    class Millis(Sink):
+        name = "millis"
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            got["flush"] = timeout_millis
+            return True
+
+        def shutdown(self, timeout_millis: int = 30000) -> None:
+            got["shutdown"] = timeout_millis
+
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(Millis(),))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(5.0) is True
+    assert profkit.shutdown(5.0) is True
+    assert 4000 <= got["flush"] <= 5000
+    assert 0 < got["shutdown"] <= 5000
+    assert isinstance(got["flush"], int)
