@@ -82,10 +82,14 @@ class WindowSlot:
         self.held = win
 
     def vacate(self, win: Window | None) -> None:
-        """Free the slot (claimed by ``acquire``) that ``win`` held, or that no window got."""
-        if self.held is win and win is not None:
+        """Free the slot that ``win`` held, or this thread's claim that no window got. A slot
+        another window holds now (a signal handler's call, nested in ``win``'s close, opened
+        it), or another thread's claim, is left alone."""
+        if win is not None and self.held is win:
             self.held = None
-        self._claims.pop(0, None)
+            self._claims.pop(0, None)
+        elif self.held is None and self._claims.get(0, (0,))[0] == threading.get_ident():
+            self._claims.pop(0, None)
 
     def reset(self) -> None:
         """Fresh state (a forked child: the parent's claim and window are not its own)."""

@@ -68,8 +68,9 @@ _prime_lock = threading.Lock()
 _started_in_pid = 0
 #: set in a process forked after profkit had started a profiler (in its parent or earlier)
 _forked_after_start = False
-#: each profile profkit started and has not stopped: id -> (profile, all threads, thread)
-_unstopped: dict[int, tuple[profile, bool, int]] = {}
+#: each profile profkit started and has not stopped: id -> (profile, all threads, its thread,
+#: its window); leaked once its window no longer holds it
+_unstopped: dict[int, tuple[profile, bool, threading.Thread, Any]] = {}
 
 
 def started_before_fork() -> bool:
@@ -212,7 +213,7 @@ class Window:
         global _started_in_pid
         _started_in_pid = os.getpid()
         self.prof = prof
-        _unstopped[id(prof)] = (prof, self.config.all_threads, self.owner)
+        _unstopped[id(prof)] = (prof, self.config.all_threads, self.owner_thread, self)
         try:
             with ours(), hold_signals():  # no signal's exception inside torch's start
                 start_profile(prof)
@@ -371,9 +372,13 @@ def stop_leaked(stats: Any) -> bool:
     taken for someone else's for good and crash the exit. Called where the slot is ours (so
     no window is open) and a profiler is on; counted ``error_reasons["leaked_profiler"]``.
     True when one was stopped."""
-    here = threading.get_ident()
-    leaked = [(k, v) for k, v in list(_unstopped.items()) if v[1] or v[2] == here]
-    for key, (prof, all_threads, _) in leaked:
+    here = threading.current_thread()
+    leaked = [
+        (key, (prof, every))
+        for key, (prof, every, thread, win) in list(_unstopped.items())
+        if win.prof is not prof and (every or thread is here)  # (a window's own: not leaked)
+    ]
+    for key, (prof, all_threads) in leaked:
         _force_stop(prof, all_threads, True)
         _unstopped.pop(key, None)
         if stats is not None:  # (None: at exit)

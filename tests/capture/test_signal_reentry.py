@@ -11,6 +11,19 @@ from tests.fresh_interpreter import run_fresh
 
 
 @pytest.mark.timeout(120)
+def test_a_handler_opening_a_window_as_a_close_frees_the_slot_keeps_its_claim() -> None:
+    """``window=2``: the handler's call lands as the full window's close frees the slot,
+    opens a window of its own and leaves it waiting; the close's last step must not free
+    that window's claim (another thread could then start a second profiler beside it)."""
+    rc, report, err = run_fresh("signal_handler_reentry", "vacate", "call", "2", timeout=60.0)
+    assert rc == 0, err[-3000:]
+    assert report["consistent"] is True
+    assert report["handled"] == 6
+    assert report["sampled"] == report["settled"]
+    assert report["flushed"] is True
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("where", "what", "handled"),
     [

@@ -20,9 +20,11 @@ from typing import Any
 from _fresh import f, report
 
 import profkit
+import profkit._capture.slot
 from profkit.exporters import Exporter
 
 where, what = sys.argv[1], sys.argv[2]
+window = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 
 
 class Null(Exporter):
@@ -33,7 +35,12 @@ class Null(Exporter):
 
 
 profkit.configure(
-    sample_every=1, cold_calls=0, exporters=(), extra_exporters=[Null()], max_per_minute=None
+    sample_every=1,
+    cold_calls=0,
+    exporters=(),
+    extra_exporters=[Null()],
+    max_per_minute=None,
+    window=window,
 )
 
 
@@ -59,12 +66,20 @@ PINS = {
     "offer": ("offer", "put"),
     "close_window": ("close_window", "thread_time"),
     "snapshot": ("snapshot", "dropped = dict("),
+    "vacate": ("retry_once", "vacate"),  # the close's last step: freeing the slot
 }
 function, point = PINS[where]
 
 
 def at_c_call(frame: Any, event: str, arg: Any) -> None:
-    if event == "c_call" and frame.f_code.co_name == function and arg.__name__ == point:
+    c_call = event == "c_call" and frame.f_code.co_name == function and arg.__name__ == point
+    entry = (  # a Python function's entry (where Python checks for signals), called by close
+        event == "call"
+        and frame.f_code.co_name == function
+        and frame.f_back.f_code.co_name == "close_window"
+        and getattr(frame.f_locals.get("fn"), "__name__", "") == point
+    )
+    if c_call or entry:
         sys.setprofile(None)
         handler()
 
@@ -98,7 +113,9 @@ if where == "snapshot":  # a stats() on the request thread, interrupted while it
     outer: Any = profkit.stats()["root_calls"]
 else:  # a sampled call whose window is closed, then handed off, on this thread
     pin()
-    outer = f()
+    outer = f() if window == 1 else [f() for _ in range(window)][-1]
+slot = profkit._capture.slot.SLOT  # type: ignore[attr-defined]
+consistent = slot.held is None or bool(slot._claims)  # a window in the slot has its claim
 sys.setprofile(None)
 sys.settrace(None)
 after = f()  # the next call is a root call, sampled and exported as usual
@@ -114,4 +131,5 @@ report(
     exported=s["exported"],
     busy=s["skipped_busy"],
     foreign=s["skipped_foreign"],
+    consistent=consistent,
 )
