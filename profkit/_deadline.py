@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 
@@ -15,11 +16,15 @@ def timeout_s(timeout: object) -> float:
     standard library's ``timeout=None``); anything else raises a ValueError naming it."""
     if timeout is None:
         return math.inf
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise ValueError(f"timeout must be a number of seconds or None, not {timeout!r}")
-    if math.isnan(timeout):
+    try:
+        seconds = float(timeout)  # (numpy's numbers too)
+    except OverflowError:  # an int past any float: as long as it takes
+        return math.inf
+    if math.isnan(seconds):
         raise ValueError("timeout must be a number of seconds or None, not nan")
-    return max(0.0, float(timeout))
+    return max(0.0, seconds)
 
 
 class Deadline:

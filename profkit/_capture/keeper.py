@@ -265,8 +265,8 @@ def held_here(keeper: WindowKeeper) -> Window | None:
     request on a thread the window records, an event loop's, is counted against it).
     """
     win = SLOT.held
-    if win is None or win.owner != threading.get_ident():
-        return None
+    if win is None or win.owner != threading.get_ident() or win.close_running:
+        return None  # (closing: a signal handler's call nested in that close joins nothing)
     owner = win.keeper
     if win.prof is None:  # closed, but the slot was not freed (an exception cut it short)
         SLOT.vacate(win)

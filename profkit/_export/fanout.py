@@ -211,7 +211,10 @@ class Fanout:
 
     def export(self, summary: WindowSummary) -> tuple[int, str | None, bool]:
         """:meth:`_export`, then tell ``on_delivered`` which calls were delivered."""
-        result, summary = self._export(summary)
+        try:
+            result, summary = self._export(summary)
+        finally:  # counted once its spans and exports are done: a flush after this covers it
+            self._exported += 1
         if self._on_delivered is not None and result[0]:
             calls = summary.calls
             if result[0] < len(calls):  # spans only: the calls with a recording span
@@ -229,7 +232,6 @@ class Fanout:
         fails the window's calls (the last failure is the reason), as before. With no
         exporter and no span step at all a call is delivered nowhere ("no_exporter").
         """
-        self._exported += 1
         failure = None
         spans_ok = True
         why_not = "span_not_recording"

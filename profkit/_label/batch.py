@@ -33,7 +33,8 @@ from .._model import BatchMemberSummary, BatchSummary
 from .._records import CallRecord, Policy
 from .._targeting.slow import Timed
 from .compiler import compiled_away, compiling
-from .scope import FRAME, GLOBAL, OFF, _abort_root, _open, enter, exit_, undo_enter
+from .drivers import watch_loop
+from .scope import FRAME, GLOBAL, OFF, Active, _abort_root, _open, enter, exit_, undo_enter
 
 __all__ = ["BatchMember", "batch", "batch_member"]
 
@@ -145,6 +146,9 @@ class batch:
         except BaseException as exc:  # landed after the frame was set: __exit__ won't run
             undo_enter(frame, exc)
             raise
+        entered = self._entered
+        if entered.__class__ is Active and entered.session is not None:  # a sampled root
+            watch_loop(entered.call)  # (as a region's: one across an await says "window")
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

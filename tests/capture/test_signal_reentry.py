@@ -5,8 +5,15 @@ closed, the user's results untouched, every sampled call counted
 
 from __future__ import annotations
 
-import pytest
+import signal
+import sys
+import time
 
+import pytest
+import torch
+
+import profkit
+from profkit.testing import capture
 from tests.fresh_interpreter import run_fresh
 
 
@@ -47,3 +54,44 @@ def test_a_handler_calling_profkit_inside_its_critical_sections(
     # (the slot still held by it): counted busy, never a second profiler seen as foreign
     assert report["foreign"] == 0
     assert report["busy"] == (1 if what == "call" else 0)
+
+
+@pytest.mark.timeout(120)
+def test_a_handler_call_during_a_windows_stop_joins_nothing() -> None:
+    """A signal arriving during torch's stop is handed to its handler right after it, still
+    inside the window's close: the handler's decorated call must not join the stopped window
+    (it would be exported with no ops, as if recorded)."""
+
+    @profkit.profiled("handler")
+    def handler(slow: bool = False) -> float:
+        if slow:
+            time.sleep(0.05)
+        return float(torch.ones(8, 8).mm(torch.ones(8, 8)).sum())
+
+    seen: dict[str, float] = {}
+
+    def on_usr1(signum: int, frame: object) -> None:
+        seen["handler"] = handler(slow=True)
+
+    def at_stop(frame: object, event: str, arg: object) -> None:
+        if event == "c_call" and getattr(arg, "__name__", "") == "_disable_profiler":
+            sys.setprofile(None)
+            signal.raise_signal(signal.SIGUSR1)  # a real signal, arriving during the stop
+
+    previous = signal.signal(signal.SIGUSR1, on_usr1)
+    try:  # capture_slow: each call runs in a speculative window, closed as the call ends
+        with capture(sample_every=10**9, capture_slow=True, cold_calls=0) as cap:
+            for _ in range(200):  # the label's unprofiled baseline
+                assert 64.0 * 8 == handler()
+            assert profkit.force_flush(10.0)
+            sys.setprofile(at_stop)
+            assert 64.0 * 8 == handler()
+            sys.setprofile(None)
+            assert profkit.force_flush(10.0)
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGUSR1, previous)
+    assert 64.0 * 8 == seen["handler"]
+    stats = cap.stats
+    assert stats["sampled"] == stats["exported"] + stats["skipped_busy"] + stats["dropped"]
+    assert [] == [c for c in cap.calls if not c.root.ops]  # none exported as if recorded

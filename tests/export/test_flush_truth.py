@@ -5,17 +5,26 @@ time to the others'."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import profkit
 from profkit import WindowSummary
+from profkit._export.fanout import Fanout
 
 
 @profkit.profiled("work")
@@ -177,7 +186,10 @@ def test_none_waits_and_a_negative_timeout_is_no_time() -> None:
     work()
     assert profkit.force_flush(None) is True
     assert profkit.force_flush(-1) is True  # nothing pending: nothing to wait for
-    assert profkit.shutdown(None) is True
+    assert profkit.force_flush(np.int64(2)) is True  # any real number, numpy's too
+    assert profkit.force_flush(np.float32(2.0)) is True
+    assert profkit.force_flush(10**400) is True  # past any float: as long as it takes
+    assert profkit.shutdown(np.int64(5)) is True
 
 
 def test_nothing_pending_flushes_in_no_time() -> None:
@@ -240,3 +252,47 @@ def test_an_opentelemetry_style_exporter_gets_milliseconds() -> None:
     assert 4000 <= got["flush"] <= 5000
     assert 0 < got["shutdown"] <= 5000
     assert isinstance(got["flush"], int)
+
+
+def test_a_flush_racing_an_export_does_not_mark_it_flushed() -> None:
+    """A window exported while a flush runs (its spans not yet at the provider when the
+    provider flushed) is flushed by the next force_flush, not skipped as already flushed."""
+    memory = InMemorySpanExporter()
+    release = threading.Event()
+
+    class SlowEnd(SpanProcessor):  # a span processor that takes its time
+        def on_end(self, span: object) -> None:
+            release.wait(10)
+
+    provider = TracerProvider()
+    provider.add_span_processor(SlowEnd())
+    provider.add_span_processor(BatchSpanProcessor(memory, schedule_delay_millis=60_000))
+    profkit.configure(**_settings(), exporters=("otel",), tracer_provider=provider)
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        # as the flushing thread enters the fan-out's flush (its wait for pending windows
+        # over), another thread's sampled call ends and the worker takes its window up
+        if event == "call" and frame.f_code is Fanout.flush.__code__:
+            sys.settrace(None)
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+            deadline = time.monotonic() + 10
+            while not release.is_set() and time.monotonic() < deadline:
+                if profkit.stats()["sampled"] and _span_step_started(frame.f_locals["self"]):
+                    break
+                time.sleep(0.001)
+
+    sys.settrace(tracer)
+    profkit.force_flush(5.0)
+    sys.settrace(None)
+    release.set()
+    deadline = time.monotonic() + 10
+    while profkit.stats()["exported"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert profkit.force_flush(5.0) is True
+    assert ["work"] == [s.name for s in memory.get_finished_spans()]
+
+
+def _span_step_started(fanout: Fanout) -> bool:
+    return fanout._spans is not None and fanout._spans.busy.is_set()

@@ -109,3 +109,24 @@ def test_a_root_region_that_never_yields_to_the_loop_stays_exact() -> None:
     rows = _rows(call)
     assert 1 == rows["aten::mm"]
     assert not {name for name in rows if "softmax" in name}
+
+
+@pytest.mark.timeout(60)
+def test_a_root_batch_across_an_await_says_window() -> None:
+    """``async with profkit.batch()`` is a root like a region: across an ``await`` it says
+    ``window``."""
+
+    async def batcher() -> int:
+        async with profkit.batch("forward", []):
+            torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+            await asyncio.sleep(0.01)
+        return 7
+
+    async def main() -> int:
+        got, _ = await asyncio.gather(batcher(), _neighbour())
+        return got
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
+        assert 7 == asyncio.run(main())
+    (call,) = cap.calls
+    assert call.attribution == "window"
