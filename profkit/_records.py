@@ -55,6 +55,9 @@ class ScopeRecord:
     rf: list[Any] | None = None
     """The scope's ``record_function`` range: ``[handle]`` while open (``[]`` while it
     opens: see :func:`profkit._label.scope._open`), None once closed or never opened."""
+    intervals: list[tuple[int, int]] | None = None
+    """A decorated coroutine of the call in a child task: when that task ran it (its ops,
+    and its nested scopes', are those on its thread inside these)."""
 
     def close(self) -> Exception | None:
         """Close the range and take the end time; returns what the range's exit raised.
@@ -114,6 +117,9 @@ class CallRecord:
     thread_name: str
     scopes: list[ScopeRecord] = dataclasses.field(default_factory=list)
     intervals: list[tuple[int, int]] | None = None
+    tasks: Any = None
+    """The asyncio tasks recording ``intervals`` now (the root's, and each child task running
+    a decorated coroutine of the call): one task's steps are recorded once, never nested."""
     interleaved: bool = False
     """Its event loop ran other callbacks inside the root, whose steps are not known (a root
     ``region()`` across an ``await``): another task's ops may be in its range (``window``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from asyncio import _get_running_loop
+from asyncio import _get_running_loop, current_task
 from collections.abc import Callable, Generator
 from contextvars import Token
 from typing import Any
@@ -43,9 +43,19 @@ def async_call(
         try:
             entered = enter(label, attrs, code, True, False)  # (its CPU time is not its own)
             coro = fn(*args, **kwargs)
-            if entered.__class__ is Active and entered.session is not None:
-                entered.call.intervals = []  # a sampled root: record when its task runs
-                return await Intervals(coro, entered.call.intervals)
+            if entered.__class__ is Active:
+                call = entered.call
+                if entered.session is not None:  # a sampled root: record when its task runs
+                    call.intervals, call.tasks = [], {current_task()}
+                    return await Intervals(coro, call.intervals)
+                task = current_task()
+                if call.intervals is not None and task not in call.tasks:  # in a child task
+                    call.tasks.add(task)  # (asyncio.gather): its steps are the call's too
+                    own = call.scopes[entered.scope].intervals = []
+                    try:
+                        return await Intervals(coro, call.intervals, own)
+                    finally:
+                        call.tasks.discard(task)
             return await coro
         except BaseException as exc:
             error = exc
@@ -100,9 +110,11 @@ class Intervals:
 
     __slots__ = ("_coro", "_intervals")
 
-    def __init__(self, coro: Any, intervals: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, coro: Any, intervals: list[tuple[int, int]], also: list[tuple[int, int]] | None = None
+    ) -> None:
         self._coro = coro
-        self._intervals = intervals
+        self._intervals = intervals if also is None else _Both(intervals, also)
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coro, intervals = self._coro, self._intervals
@@ -128,6 +140,19 @@ class Intervals:
                 raise
             except BaseException as exc:
                 throw = exc
+
+
+class _Both:
+    """Two interval lists appended to together: the call's and a child task's scope's."""
+
+    __slots__ = ("_a", "_b")
+
+    def __init__(self, a: list[tuple[int, int]], b: list[tuple[int, int]]) -> None:
+        self._a, self._b = a, b
+
+    def append(self, interval: tuple[int, int]) -> None:
+        self._a.append(interval)
+        self._b.append(interval)
 
 
 def drive(it: Any, scope: Stepped, final: bool) -> Generator[Any, Any, Any]:
@@ -285,6 +310,8 @@ class Stepped:
                         self._entered = entered
                         if entered.session is not None:  # a root: its steps are timed
                             self._intervals = entered.call.intervals = []
+                            loop = _get_running_loop() is not None
+                            entered.call.tasks = {current_task() if loop else None}
             finally:
                 FRAME.set(outer)  # the caller's frame; ours is set per step below
         if self._frame is None:

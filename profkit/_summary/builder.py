@@ -34,14 +34,13 @@ from .._records import CallRecord, ScopeRecord
 from .._text import clean
 from .compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
 from .events import EventView, RawEvent
+from .steps import in_intervals, steps_of
 
 __all__ = ["build_calls", "rows_for", "top_rows"]
 
 _BY_START = operator.attrgetter("start_ns")
 #: tolerance when matching a Python-timed scope to its profiler range (clock rounding)
 _SLACK_NS = 200_000
-#: tolerance placing an op in a task's running interval (the clocks agree to well under it)
-_TASK_SLACK_NS = 1_000
 
 
 def _shapes(ev: Any) -> str | None:
@@ -187,15 +186,6 @@ class _Index:
         return [v for v in self.ops[lo:hi] if v.end_ns <= end_ns]
 
 
-def _in_intervals(v: EventView, intervals: Sequence[tuple[int, int]]) -> bool:
-    """Whether an op ran inside one of a task's running intervals (it starts and ends there)."""
-    i = bisect.bisect_right(intervals, (v.start_ns + _TASK_SLACK_NS, 1 << 63)) - 1
-    if i < 0:
-        return False
-    end = intervals[i][1]
-    return bool(v.start_ns <= end and v.end_ns <= end + _TASK_SLACK_NS)
-
-
 def _events_in(
     index: _Index,
     span: tuple[int, int],
@@ -211,7 +201,7 @@ def _events_in(
         and (
             intervals is None
             or (home is not None and v.thread != home)
-            or _in_intervals(v, intervals)
+            or in_intervals(v, intervals)
         )
     ]
 
@@ -351,14 +341,15 @@ def _attribute(
     elsewhere = any(m is not None and m.thread != home for m in marks[1:])
     exact = root_mark is not None and (elsewhere or not all_threads)
     own: list[list[EventView]] = []
-    for rec, mark in zip(call.scopes, marks, strict=True):
+    for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
+        steps = steps_of(call, i, intervals)
         if mark is None and rec.thread != root.thread:
             own.append([])  # it ran on a thread the profiler did not record
         elif exact:
-            own.append(_events_in(index, span, mark.thread if mark else home, intervals, home))
+            own.append(_events_in(index, span, mark.thread if mark else home, steps, home))
         else:
-            own.append(_events_in(index, span, None, intervals, home))
+            own.append(_events_in(index, span, None, steps, home))
     if len(own) == 1:  # the root alone: nothing to merge
         per_scope = [_with_device(index, own[0])]
     else:

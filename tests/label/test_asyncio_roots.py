@@ -130,3 +130,50 @@ def test_a_root_batch_across_an_await_says_window() -> None:
         assert 7 == asyncio.run(main())
     (call,) = cap.calls
     assert call.attribution == "window"
+
+
+@profkit.profiled("tokenize")
+async def _tokenize(x: torch.Tensor) -> torch.Tensor:
+    await asyncio.sleep(0)
+    return torch.tanh(x)
+
+
+@profkit.profiled("stream_gather")
+async def _stream_gather(x: torch.Tensor) -> AsyncIterator[float]:
+    for _ in range(2):
+        a, b = await asyncio.gather(_tokenize(x), _tokenize(x))  # the call's own child tasks
+        yield float(torch.mm(a, b).sum())
+
+
+@profkit.profiled("handler_gather")
+async def _handler_gather(x: torch.Tensor) -> float:
+    a, b = await asyncio.gather(_tokenize(x), _tokenize(x))
+    return float(torch.mm(a, b).sum())
+
+
+@pytest.mark.timeout(60)
+def test_decorated_coroutines_in_child_tasks_keep_their_ops() -> None:
+    """``asyncio.gather`` of decorated coroutines inside a sampled coroutine or async
+    generator: their steps run in child tasks, recorded as the call's too, so their ops stay
+    (in their scope and in the root's), while a neighbour's are still left out."""
+
+    async def main() -> None:
+        x = torch.ones(4, 4)
+
+        async def consume() -> list[float]:
+            return [v async for v in _stream_gather(x)]
+
+        await asyncio.gather(consume(), _neighbour())
+        await asyncio.gather(_handler_gather(x), _neighbour())
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0, top_k=50) as cap:
+        asyncio.run(main())
+    by_label = {c.label: c for c in cap.calls}
+    for label, tanh, mm in (("stream_gather", 4, 2), ("handler_gather", 2, 1)):
+        call = by_label[label]
+        assert call.attribution == "task"
+        rows = {r.name: r.count for r in call.root.ops}
+        assert (tanh, mm) == (rows.get("aten::tanh"), rows.get("aten::mm"))
+        assert not {name for name in rows if "softmax" in name}
+        tokenize = [s for s in call.scopes if s.label == "tokenize"]
+        assert [1] * tanh == [{r.name: r.count for r in s.ops}.get("aten::tanh") for s in tokenize]
