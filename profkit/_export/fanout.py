@@ -122,6 +122,8 @@ class _Runner:
         self._thread_name = f"profkit-{thread or self.name}"
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.busy = threading.Event()
+        #: the job running (or queued) is a flush: an export may queue behind it
+        self._flushing = False
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -140,21 +142,27 @@ class _Runner:
                 try:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
                 finally:
-                    self.busy.clear()
+                    self._flushing = False
+                    if self._jobs.empty():  # (an export queued behind a flush: still busy)
+                        self.busy.clear()
                     done.set()
 
-    def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
+    def call(
+        self, fn: Callable[[], Any], timeout: float | None, flush: bool = False
+    ) -> tuple[bool, Any]:
         """Run ``fn`` on the runner: (finished in time, result or exception)."""
         if timeout is not None and timeout <= 0:
             return False, TimeoutError(f"no time left for exporter {self.name!r}")
-        return self.wait(self.submit(fn), timeout)
+        return self.wait(self.submit(fn, flush), timeout)
 
-    def submit(self, fn: Callable[[], Any]) -> Any:
-        """Start ``fn`` on the runner; :meth:`wait` for what this returns."""
+    def submit(self, fn: Callable[[], Any], flush: bool = False) -> Any:
+        """Start ``fn`` on the runner; :meth:`wait` for what this returns. While it runs a
+        flush an export queues behind it (a flush is no hang); else a busy runner refuses."""
         if self._closed:  # e.g. force_flush() on a session that was shut down
             return True, RuntimeError(f"exporter {self.name!r} was shut down")
-        if self.busy.is_set():
+        if self.busy.is_set() and (flush or not self._flushing):
             return False, TimeoutError(f"exporter {self.name!r} still busy with an earlier call")
+        self._flushing = self._flushing or flush
         done = threading.Event()
         box: list[Any] = []
         if self._thread is None:
@@ -304,7 +312,7 @@ class Fanout:
             if not _flushes(runner.exporter):
                 continue  # nothing buffered: even one still stuck in export() has no flush
             flush = functools.partial(runner.exporter.force_flush, deadline.left())
-            finished, result = runner.call(flush, deadline.wait_arg())
+            finished, result = runner.call(flush, deadline.wait_arg(), flush=True)
             if not finished or isinstance(result, BaseException) or result is False:
                 ok = False
                 kind = "timeout" if not finished else "failed" if result is False else "error"

@@ -296,3 +296,30 @@ def test_a_flush_racing_an_export_does_not_mark_it_flushed() -> None:
 
 def _span_step_started(fanout: Fanout) -> bool:
     return fanout._spans is not None and fanout._spans.busy.is_set()
+
+
+def test_a_window_arriving_during_an_exporters_flush_waits_for_it() -> None:
+    """An exporter busy flushing (a file being synced) is not stuck: a window exported
+    meanwhile queues behind the flush instead of being dropped as ``export_timeout``."""
+    flushing = threading.Event()
+
+    class SlowFlush(Sink):
+        name = "file"
+
+        def force_flush(self, timeout: float = 5.0) -> bool:
+            flushing.set()
+            time.sleep(0.3)
+            return True
+
+    exporter = SlowFlush()
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    work()
+    flusher = threading.Thread(target=profkit.force_flush, args=(5.0,))
+    flusher.start()
+    assert flushing.wait(10)
+    work()  # a sampled call that ends while the exporter flushes
+    flusher.join()
+    assert profkit.force_flush(5.0) is True
+    stats = profkit.stats()
+    assert (2, 0) == (stats["exported"], stats["dropped"]), stats["dropped_reasons"]
+    assert 2 == exporter.windows
