@@ -228,6 +228,9 @@ class Window:
     def stop(self) -> None:
         """Stop the profiler; the events stay unparsed until the worker reads them."""
         prof = self.prof
+        if prof is not None and self.clobbered:  # torch's profiler here is the user's now:
+            self.stopped_refs = self.stopped_refs or -1  # stopping "ours" would stop theirs
+            _unstopped.pop(id(prof), None)
         if prof is not None and not self.stopped_refs:  # (stopped once: no second disable)
             try:
                 with hold_signals():  # no signal's exception inside torch's stop
@@ -254,11 +257,11 @@ class Window:
         A thread-local profiler's state went with its thread (stopping it from another thread
         only logs torch warnings). An all-threads profiler is process-wide: it is still
         recording every thread and must be stopped here, or it records forever and crashes
-        the interpreter's exit. The process-wide flag is cleared either way.
-        """
+        the interpreter's exit (unless a user's replaced it). The process-wide flag is
+        cleared either way."""
         prof, self.prof = self.prof, None
         self.calls.clear()
-        if prof is not None:
+        if prof is not None and not self.clobbered:
             _force_stop(prof, all_threads=self.config.all_threads)
 
     def read(self) -> WindowEvents:

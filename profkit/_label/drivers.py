@@ -46,9 +46,9 @@ def async_call(
             if entered.__class__ is Active:
                 call = entered.call
                 if entered.session is not None:  # a sampled root: record when its task runs
-                    call.intervals, call.tasks = [], {current_task()}
+                    call.intervals, call.tasks = [], {_task()}
                     return await Intervals(coro, call.intervals)
-                task = current_task()
+                task = _task()
                 if call.intervals is not None and task not in call.tasks:  # in a child task
                     call.tasks.add(task)  # (asyncio.gather): its steps are the call's too
                     own = call.scopes[entered.scope].intervals = []
@@ -73,6 +73,11 @@ def async_call(
                 undo_enter(outer, error)
 
     return profiled_coroutine
+
+
+def _task() -> Any:
+    """The running asyncio task; None outside a loop (a coroutine driven by hand: ``send``)."""
+    return current_task() if _get_running_loop() is not None else None
 
 
 def watch_loop(call: Any) -> None:
@@ -310,8 +315,7 @@ class Stepped:
                         self._entered = entered
                         if entered.session is not None:  # a root: its steps are timed
                             self._intervals = entered.call.intervals = []
-                            loop = _get_running_loop() is not None
-                            entered.call.tasks = {current_task() if loop else None}
+                            entered.call.tasks = {_task()}
             finally:
                 FRAME.set(outer)  # the caller's frame; ours is set per step below
         if self._frame is None:

@@ -57,3 +57,26 @@ def test_an_exit_with_a_leaked_profiler_does_not_crash() -> None:
     rc, report, err = run_fresh("exit_leaked_profiler")
     assert rc == 0, err[-3000:]
     assert report == {"enabled": True}
+
+
+def test_a_users_profiler_started_inside_a_sampled_call_keeps_running() -> None:
+    """The user starts a profiler inside a sampled call ("profile the next requests"):
+    torch replaces profkit's on that thread, so closing profkit's window must not stop it;
+    the call is dropped with its reason and the user's profile records on."""
+    user = torch.profiler.profile()
+
+    @profkit.profiled("handler")
+    def handler(start: bool) -> float:
+        if start:
+            user.start()
+        return float(torch.ones(3).mul(2).sum())
+
+    with capture(sample_every=1, cold_calls=0) as cap:
+        assert 6.0 == handler(True)
+        assert torch.autograd.profiler._is_profiler_enabled
+        torch.ones(5).sin()
+        user.stop()
+        assert profkit.force_flush(10.0) is False  # the call could not be exported
+    assert any(e.name == "aten::sin" for e in user.events())
+    assert 1 == cap.stats["dropped_reasons"].get("foreign_profiler")
+    assert {} == window_module._unstopped
