@@ -5,7 +5,7 @@ from another task's, and says so (``attribution="window"``) rather than claim th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import torch
@@ -27,6 +27,19 @@ async def _neighbour() -> None:
     for _ in range(NEIGHBOUR_OPS):
         torch.softmax(torch.ones(4, 4), 0)
         await asyncio.sleep(0)
+
+
+def _beside_a_neighbour(root: Callable[[], Awaitable[int]]) -> profkit.CallSummary:
+    """Run the sampled ``root`` (which returns 7) beside a neighbour task; its one call."""
+
+    async def main() -> int:
+        got, _ = await asyncio.gather(root(), _neighbour())
+        return got
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
+        assert 7 == asyncio.run(main())
+    (call,) = cap.calls
+    return call
 
 
 @profkit.profiled("agen")
@@ -74,17 +87,8 @@ def test_a_root_region_across_an_await_says_window(form: str) -> None:
                 await asyncio.sleep(0.01)
         return 7
 
-    async def main() -> int:
-        got, _ = await asyncio.gather(request(), _neighbour())
-        return got
-
-    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
-        assert 7 == asyncio.run(main())
-    (call,) = cap.calls
+    call = _beside_a_neighbour(request)
     assert call.attribution == "window"
-    (span,) = [s for s in cap.spans() if s.name == "req"]
-    assert span.attributes is not None
-    assert span.attributes["profkit.attribution"] == "window"
     assert 1 == _rows(call)["aten::mm"]
 
 
@@ -98,13 +102,7 @@ def test_a_root_region_that_never_yields_to_the_loop_stays_exact() -> None:
         await asyncio.sleep(0.01)  # after the region: the loop runs the neighbour here
         return 7
 
-    async def main() -> int:
-        got, _ = await asyncio.gather(request(), _neighbour())
-        return got
-
-    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
-        assert 7 == asyncio.run(main())
-    (call,) = cap.calls
+    call = _beside_a_neighbour(request)
     assert call.attribution == "thread"
     rows = _rows(call)
     assert 1 == rows["aten::mm"]
@@ -122,13 +120,7 @@ def test_a_root_batch_across_an_await_says_window() -> None:
             await asyncio.sleep(0.01)
         return 7
 
-    async def main() -> int:
-        got, _ = await asyncio.gather(batcher(), _neighbour())
-        return got
-
-    with capture(sample_every=1, cold_calls=0, max_window_s=60.0) as cap:
-        assert 7 == asyncio.run(main())
-    (call,) = cap.calls
+    call = _beside_a_neighbour(batcher)
     assert call.attribution == "window"
 
 
