@@ -148,7 +148,12 @@ class batch:
             raise
         entered = self._entered
         if entered.__class__ is Active and entered.session is not None:  # a sampled root
-            watch_loop(entered.call)  # (as a region's: one across an await says "window")
+            try:  # (as a region's: one across an await says "window")
+                watch_loop(entered.call)
+            except BaseException as exc:  # a signal's, at its first instruction: undone
+                self._entered = None
+                undo_enter(frame, exc)
+                raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -348,13 +348,17 @@ class region:
         except BaseException as exc:  # landed after enter() set the frame: __exit__ won't run
             undo_enter(outer, exc)
             raise
+        if entered.__class__ is Active and entered.session is not None:  # a sampled root
+            try:
+                watch_loop(entered.call)
+            except BaseException as exc:  # a signal's, at its first instruction: undone
+                undo_enter(outer, exc)
+                raise
         if self._entered is not None:
             if self._outer is None:
                 self._outer = []
             self._outer.append(self._entered)
         self._entered = entered
-        if entered.__class__ is Active and entered.session is not None:  # a sampled root
-            watch_loop(entered.call)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

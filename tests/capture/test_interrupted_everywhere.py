@@ -21,12 +21,12 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SI
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "slow", "batch"])
+@pytest.mark.parametrize("mode", ["sync", "slow", "batch", "region"])
 def test_a_timeout_at_every_point_of_a_sampled_call_leaves_nothing_behind(mode: str) -> None:
     """``sync``: a ``@profiled`` handler with nested regions, every call sampled; ``slow``:
     the same under ``capture_slow`` (speculative windows, the verdict); ``batch``: a
-    ``profkit.batch`` of four requests (not at its ``__exit__``'s first instruction, the
-    one case docs/reliability.md leaves open)."""
+    ``profkit.batch`` of four requests, ``region``: a root ``region()`` (neither at its
+    ``__exit__``'s first instruction, the one case docs/reliability.md leaves open)."""
     rc, r, err = run_fresh("interrupted_at_every_line", mode, timeout=600)
     assert rc == 0, err[-3000:]
     # the points reached the decision, the window's start and stop, torch's front-ends
