@@ -376,14 +376,11 @@ def stop_leaked(stats: Any) -> bool:
     no window is open) and a profiler is on; counted ``error_reasons["leaked_profiler"]``.
     True when one was stopped."""
     here = threading.current_thread()
-    leaked = [
-        (key, (prof, every))
-        for key, (prof, every, thread, win) in list(_unstopped.items())
-        if win.prof is not prof and (every or thread is here)  # (a window's own: not leaked)
-    ]
-    for key, (prof, all_threads) in leaked:
-        _force_stop(prof, all_threads, True)
-        _unstopped.pop(key, None)
-        if stats is not None:  # (None: at exit)
-            stats.error("leaked_profiler", None)
-    return bool(leaked)
+    stopped = False
+    for prof, every, thread, win in list(_unstopped.values()):
+        if win.prof is not prof and (every or thread is here):  # (a window's own: not leaked)
+            _force_stop(prof, every, True)  # (it leaves the registry there)
+            stopped = True
+            if stats is not None:  # (None: at exit)
+                stats.error("leaked_profiler", None)
+    return stopped
