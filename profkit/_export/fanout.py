@@ -5,17 +5,14 @@ each call's trace and span ids, which every exporter then receives at once (so l
 carry the call's span id whatever the order of ``exporters``). Each exporter runs on a
 daemon thread of its own, so one that hangs is cut off by ``export_timeout`` (and skipped
 while it is still stuck) and a slow one adds its time to none of the others'; the worker
-waits for all of them (one window at a time). ``flush`` and ``shutdown`` share the caller's
-one deadline across all exporters.
+waits for all of them (one window at a time). ``flush`` and ``shutdown`` call every
+exporter at once and share the caller's one deadline across them.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import queue
-import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,11 +27,15 @@ from ..exporters import Exporter
 from ..exporters.console import ConsoleExporter, JsonLinesExporter
 from ..exporters.logs import LogExporter
 from ..exporters.otel import SpanExporter
+from .runner import Runner as _Runner
 
 __all__ = ["Fanout", "build_exporters"]
 
 #: an exporter's shutdown() is called even after the deadline passed, and waited for this long
 _MIN_SHUTDOWN_S = 0.01
+#: the most seconds handed to an exporter's force_flush/shutdown: ``None`` ("wait") is a day
+#: to it, a number every clock, lock and ``timeout_millis`` can take
+_MAX_GIVEN_S = 86_400.0
 
 
 class _Adapted(Exporter):
@@ -52,17 +53,20 @@ class _Adapted(Exporter):
         self._stop = getattr(target, "shutdown", None)
         self._stop_arg = _timeout_arg(self._stop)
 
-    def export(self, summary: WindowSummary) -> None:
-        self.target.export(summary)
+    def export(self, summary: WindowSummary) -> Any:
+        return self.target.export(summary)
 
-    def force_flush(self, timeout: float = 5.0) -> bool:
+    def force_flush(self, timeout: float = 5.0) -> Any:  # (the runner judges the result)
         if self._flush is None:
             return True
-        return self._flush(*self._flush_arg(timeout)) is not False
+        args, kwargs = self._flush_arg(timeout)
+        return self._flush(*args, **kwargs)
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0) -> Any:
         if self._stop is not None:
-            self._stop(*self._stop_arg(timeout))
+            args, kwargs = self._stop_arg(timeout)
+            return self._stop(*args, **kwargs)
+        return None
 
 
 def _flushes(exporter: Exporter) -> bool:
@@ -72,18 +76,26 @@ def _flushes(exporter: Exporter) -> bool:
     return type(exporter).force_flush is not Exporter.force_flush
 
 
-def _timeout_arg(fn: Callable[..., Any] | None) -> Callable[[float], tuple[Any, ...]]:
-    """How to pass a timeout in seconds to ``fn``: not at all (no parameter), as seconds,
-    or as milliseconds when its parameter says so (OpenTelemetry's ``timeout_millis``)."""
+def _timeout_arg(fn: Callable[..., Any] | None) -> Callable[[float], tuple[Any, Any]]:
+    """How to pass a timeout in seconds to ``fn`` as (args, kwargs): not at all (no
+    parameter), as seconds, or as milliseconds when its parameter says so (OpenTelemetry's
+    ``timeout_millis``), by position or by keyword as its signature takes it."""
     try:
-        params = list(inspect.signature(fn).parameters) if fn is not None else []
+        params = list(inspect.signature(fn).parameters.values()) if fn is not None else []
     except (TypeError, ValueError):
         params = []
+    params = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not params:
-        return lambda timeout: ()
-    if "millis" in params[0]:
-        return lambda timeout: (int(min(timeout, 3600.0) * 1000),)
-    return lambda timeout: (timeout,)
+        return lambda timeout: ((), {})
+    first = params[0]
+    millis = "millis" in first.name
+    if first.kind is first.KEYWORD_ONLY:  # force_flush(self, *, timeout=...)
+        if millis:
+            return lambda timeout: ((), {first.name: int(timeout * 1000)})
+        return lambda timeout: ((), {first.name: timeout})
+    if millis:
+        return lambda timeout: ((int(timeout * 1000),), {})
+    return lambda timeout: ((timeout,), {})
 
 
 def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]]:
@@ -105,86 +117,6 @@ def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]
             out.append(JsonLinesExporter())
     out.extend(e if isinstance(e, Exporter) else _Adapted(e) for e in config.extra_exporters)
     return spans, out
-
-
-class _Runner:
-    """A daemon thread that runs one exporter's calls, so a hang can be timed out.
-
-    The thread starts on the first call: a forked child (a DataLoader worker, a pre-fork
-    server's worker) that never exports never starts one. After :meth:`close` it exits as
-    soon as the call it is running (if any) returns.
-    """
-
-    def __init__(self, exporter: Exporter, stats: Stats, thread: str = "") -> None:
-        self.exporter = exporter
-        self.stats = stats  # its CPU time per call is profkit's: charged to stats.cpu
-        self.name = exporter.name or type(exporter).__name__
-        self._thread_name = f"profkit-{thread or self.name}"
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.busy = threading.Event()
-        #: the job running (or queued) is a flush: an export may queue behind it
-        self._flushing = False
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, done, box = job
-            cpu0 = time.thread_time()
-            try:
-                box.append(fn())
-            except BaseException as exc:
-                box.append(exc)
-            finally:
-                try:
-                    self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
-                finally:
-                    self._flushing = False
-                    if self._jobs.empty():  # (an export queued behind a flush: still busy)
-                        self.busy.clear()
-                    done.set()
-
-    def call(
-        self, fn: Callable[[], Any], timeout: float | None, flush: bool = False
-    ) -> tuple[bool, Any]:
-        """Run ``fn`` on the runner: (finished in time, result or exception)."""
-        if timeout is not None and timeout <= 0:
-            return False, TimeoutError(f"no time left for exporter {self.name!r}")
-        return self.wait(self.submit(fn, flush), timeout)
-
-    def submit(self, fn: Callable[[], Any], flush: bool = False) -> Any:
-        """Start ``fn`` on the runner; :meth:`wait` for what this returns. While it runs a
-        flush an export queues behind it (a flush is no hang); else a busy runner refuses."""
-        if self._closed:  # e.g. force_flush() on a session that was shut down
-            return True, RuntimeError(f"exporter {self.name!r} was shut down")
-        if self.busy.is_set() and (flush or not self._flushing):
-            return False, TimeoutError(f"exporter {self.name!r} still busy with an earlier call")
-        self._flushing = self._flushing or flush
-        done = threading.Event()
-        box: list[Any] = []
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
-            self._thread.start()
-        self.busy.set()
-        self._jobs.put((fn, done, box))
-        return done, box
-
-    def wait(self, job: Any, timeout: float | None) -> tuple[bool, Any]:
-        """(finished in time, result or exception) of a :meth:`submit`."""
-        done, box = job
-        if isinstance(done, bool):  # refused: (finished, why)
-            return done, box
-        if not done.wait(timeout):
-            return False, TimeoutError(f"exporter {self.name!r} took longer than {timeout}s")
-        return True, box[0]
-
-    def close(self) -> None:
-        self._closed = True
-        if self._thread is not None:
-            self._jobs.put(None)
 
 
 class Fanout:
@@ -301,36 +233,51 @@ class Fanout:
         return False, reason
 
     def flush(self, deadline: Deadline) -> bool:
-        """Flush every exporter within the one deadline; True when all succeeded (at once
-        when no window went out since the last good flush). A failure is counted:
+        """Flush every exporter at once within the one deadline; True when all succeeded (at
+        once when no window went out since the last good flush). A failure is counted:
         ``flush_error:<name>`` (raised), ``flush_timeout:<name>``, ``flush_failed:<name>``."""
         exported = self._exported
         if exported == self._flushed:
             return True
+        runners = [r for r in self._flushers() if _flushes(r.exporter)]  # (else none buffered)
+        ok = self._settle("flush", deadline, runners, "force_flush")
+        if ok:
+            self._flushed = max(self._flushed, exported)
+        return ok
+
+    def shutdown(self, deadline: Deadline) -> bool:
+        """Shut every exporter down at once within the one deadline; runner threads then
+        exit. True when each returned in time without raising (``shutdown_<kind>:<name>``)."""
+        ok = self._settle("shutdown", deadline, self._all(), "shutdown", _MIN_SHUTDOWN_S)
+        for runner in self._all():
+            runner.close()
+        if self._span_flush is not None:
+            self._span_flush.close()
+        return ok
+
+    def _settle(
+        self, what: str, deadline: Deadline, runners: list[_Runner], method: str, least: float = 0
+    ) -> bool:
+        """Call ``method`` of every runner's exporter at once with the time left (capped: an
+        exporter gets a number it can use), then wait for each against ``deadline``."""
+        given = min(deadline.left(), _MAX_GIVEN_S)
+        jobs = []
+        for runner in runners:
+            if deadline.passed and not least:
+                jobs.append((runner, (False, TimeoutError(f"no time left for {runner.name!r}"))))
+                continue
+            fn = functools.partial(getattr(runner.exporter, method), given)
+            jobs.append((runner, runner.submit(fn, flush=what == "flush")))
         ok = True
-        for runner in self._flushers():
-            if not _flushes(runner.exporter):
-                continue  # nothing buffered: even one still stuck in export() has no flush
-            flush = functools.partial(runner.exporter.force_flush, deadline.left())
-            finished, result = runner.call(flush, deadline.wait_arg(), flush=True)
+        for runner, job in jobs:
+            wait = deadline.wait_arg()  # (a shutdown: at least a moment each, for fast ones)
+            finished, result = runner.wait(job, None if wait is None else max(wait, least))
             if not finished or isinstance(result, BaseException) or result is False:
                 ok = False
                 kind = "timeout" if not finished else "failed" if result is False else "error"
                 error = result if isinstance(result, BaseException) else None
-                self.stats.error(f"flush_{kind}:{runner.name}", error)
-        if ok:
-            self._flushed = exported
+                self.stats.error(f"{what}_{kind}:{runner.name}", error)
         return ok
-
-    def shutdown(self, deadline: Deadline) -> None:
-        """Shut every exporter down within the one deadline; runner threads then exit."""
-        for runner in self._all():
-            wait = deadline.wait_arg()  # at least a moment each, as a courtesy to fast ones
-            wait = None if wait is None else max(wait, _MIN_SHUTDOWN_S)
-            runner.call(functools.partial(runner.exporter.shutdown, deadline.left()), wait)
-            runner.close()
-        if self._span_flush is not None:
-            self._span_flush.close()
 
     def at_fork_reinit(self) -> None:
         """In a forked child: the runner threads did not survive the fork; new ones, lazily."""

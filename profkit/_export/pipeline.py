@@ -119,7 +119,7 @@ class ExportPipeline:
         """Count each recorded call of a window not for export as dropped, once; free it."""
         for call in win.calls:
             if not call.warmup and call.policy.exported:
-                self._ledger.lost = True
+                self._ledger.note_loss()
                 self.stats.settle(call, reason)
         if release:
             win.release()
@@ -197,6 +197,7 @@ class ExportPipeline:
     def force_flush(self, deadline: Deadline) -> bool:
         """Wait until every handed-off window is counted, then flush the exporters; True
         when all flushed and every window handed off since the last call was exported."""
+        mark = self._ledger.mark  # the losses the previous call answered for
         counted = True
         with self._idle:
             while self._ledger.pending > 0:
@@ -205,7 +206,7 @@ class ExportPipeline:
                     break
                 self._idle.wait(deadline.wait_arg())
         flushed = counted and self.fanout.flush(deadline)
-        return not self._ledger.take_lost() and flushed
+        return self._ledger.answer(mark) and flushed
 
     def shutdown(self, deadline: Deadline) -> bool:
         """Flush, then stop the worker and the exporters; True when everything was exported.
@@ -217,16 +218,15 @@ class ExportPipeline:
         with self._lock:
             self._closed = True
             worker = self._worker
-        left_behind = self._drain()
-        if left_behind:
+        if self._drain():  # calls left behind
             flushed = False
         if worker is not None:
             self._queue.put(_STOP)  # closed: nothing is queued after it
             worker.join(deadline.wait_arg())
             if worker.is_alive() and self._ledger.abandon():
                 flushed = False
-        self.fanout.shutdown(deadline)
-        return flushed
+                self._settle(0)  # a flush waiting on another thread for that window: wake it
+        return self.fanout.shutdown(deadline) and flushed
 
     def _drain(self) -> int:
         """Count what the worker has not taken yet as dropped; returns how many calls."""
@@ -254,14 +254,16 @@ def _empty_reason(win: StoppedWindow) -> str | None:
 
 
 class _Ledger:
-    """The calls handed off and not counted yet, and whether a window was lost since the
-    last flush (not exported by every exporter); ``lock`` guards them."""
+    """The calls handed off and not counted yet, and how many times a window was lost (not
+    exported by every exporter), so each flush can say whether one was lost since the
+    previous flush returned; ``lock`` guards them."""
 
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
         self.lock = threading.RLock()  # (re-entrant: see ExportPipeline._init_state)
         self.pending = 0
-        self.lost = False
+        #: windows lost so far, and how many of them the last flush to return answered for
+        self.losses = self.mark = 0
         #: shutdown gave up on the window in flight and counted its calls ("shutdown")
         self.abandoned = False
 
@@ -271,7 +273,7 @@ class _Ledger:
             if self.abandoned:
                 return
             if recorded and (recorded > exported or not complete):
-                self.lost = True
+                self.losses += 1
             if exported:
                 self.stats.add("exported", exported)
             if recorded > exported:
@@ -282,11 +284,17 @@ class _Ledger:
             if not self.abandoned:
                 self.pending -= recorded
 
-    def take_lost(self) -> bool:
-        """Whether a window was lost since this was last asked."""
+    def note_loss(self) -> None:
         with self.lock:
-            lost, self.lost = self.lost, False
-        return lost
+            self.losses += 1
+
+    def answer(self, mark: int) -> bool:
+        """A flush that began after the flush that answered for ``mark`` losses returns:
+        True when none was lost since (flushes that overlap a loss all say so)."""
+        with self.lock:
+            lost = self.losses > mark
+            self.mark = max(self.mark, self.losses)
+        return not lost
 
     def abandon(self) -> int:
         """Count the calls of the window the worker is still exporting as dropped
@@ -295,5 +303,6 @@ class _Ledger:
             left, self.pending = self.pending, 0
             self.abandoned = True
             if left > 0:
+                self.losses += 1
                 self.stats.drop("shutdown", left)
         return max(left, 0)

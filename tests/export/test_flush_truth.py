@@ -295,7 +295,7 @@ def test_a_flush_racing_an_export_does_not_mark_it_flushed() -> None:
 
 
 def _span_step_started(fanout: Fanout) -> bool:
-    return fanout._spans is not None and fanout._spans.busy.is_set()
+    return fanout._spans is not None and fanout._spans.busy
 
 
 def test_a_window_arriving_during_an_exporters_flush_waits_for_it() -> None:

@@ -1,0 +1,157 @@
+"""An exporter's own thread: its calls queue there, so one that hangs can be timed out.
+
+See :class:`Runner`. A job whose every waiter gave up before it started is cancelled, so a
+window counted dropped is never delivered after all; an ``async def`` exporter method (whose
+coroutine no one would run) is an error, not a call that succeeded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._stats import Stats
+from ..exporters import Exporter
+
+__all__ = ["Runner"]
+
+
+class _Job:
+    """One call on a runner: queued, running, then done; or cancelled before it ran (every
+    caller waiting for it gave up), so a window counted dropped is never delivered later."""
+
+    __slots__ = ("cancelled", "done", "flush", "fn", "result", "started", "waiters")
+
+    def __init__(self, fn: Callable[[], Any], flush: bool) -> None:
+        self.fn = fn
+        self.flush = flush
+        self.done = threading.Event()
+        self.result: Any = None
+        self.started = self.cancelled = False
+        self.waiters = 1
+
+
+class Runner:
+    """A daemon thread that runs one exporter's calls, so a hang can be timed out.
+
+    An export queues behind a flush (a flush is no hang) and a flush behind anything, sharing
+    one not yet started; once a caller's wait timed out the runner is *stuck* and refuses the
+    next export at once until it is idle again. The thread starts on the first call: a forked
+    child that never exports never starts one. After :meth:`close` it exits as soon as the
+    call it is running (if any) returns.
+    """
+
+    def __init__(self, exporter: Exporter, stats: Stats, thread: str = "") -> None:
+        self.exporter = exporter
+        self.stats = stats  # its CPU time per call is profkit's: charged to stats.cpu
+        self.name = exporter.name or type(exporter).__name__
+        self._thread_name = f"profkit-{thread or self.name}"
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.RLock()  # (re-entered by a signal handler that flushes)
+        self._live: list[_Job] = []  # queued or running, in order
+        self._stuck = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._live)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.cancelled:
+                    continue
+                job.started = True
+            cpu0 = time.thread_time()
+            try:
+                job.result = _not_awaitable(job.fn())
+            except BaseException as exc:
+                job.result = exc
+            finally:
+                try:
+                    self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
+                finally:
+                    self._retire(job)
+                    job.done.set()
+
+    def _retire(self, job: _Job) -> None:
+        with self._lock:
+            if job in self._live:
+                self._live.remove(job)
+            if not self._live:
+                self._stuck = False
+
+    def call(
+        self, fn: Callable[[], Any], timeout: float | None, flush: bool = False
+    ) -> tuple[bool, Any]:
+        """Run ``fn`` on the runner: (finished in time, result or exception)."""
+        if timeout is not None and timeout <= 0:
+            return False, TimeoutError(f"no time left for exporter {self.name!r}")
+        return self.wait(self.submit(fn, flush), timeout)
+
+    def submit(self, fn: Callable[[], Any], flush: bool = False) -> Any:
+        """Start ``fn`` on the runner (or join the flush queued); :meth:`wait` for what
+        this returns. A stuck runner, or one busy with anything but flushes, refuses an
+        export (or a shutdown) at once; a flush always queues, for as long as its caller
+        waits."""
+        if self._closed:  # e.g. force_flush() on a session that was shut down
+            return True, RuntimeError(f"exporter {self.name!r} was shut down")
+        with self._lock:
+            live = self._live
+            if live and not flush and (self._stuck or not all(j.flush for j in live)):
+                return False, TimeoutError(
+                    f"exporter {self.name!r} still busy with an earlier call"
+                )
+            if flush and live and live[-1].flush and not live[-1].started:
+                live[-1].waiters += 1  # its answer is this caller's too
+                return live[-1]
+            job = _Job(fn, flush)
+            live.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name=self._thread_name, daemon=True
+                )
+                self._thread.start()
+            self._jobs.put(job)
+        return job
+
+    def wait(self, job: Any, timeout: float | None) -> tuple[bool, Any]:
+        """(finished in time, result or exception) of a :meth:`submit`."""
+        if not isinstance(job, _Job):  # refused: (finished, why)
+            return job  # type: ignore[no-any-return]
+        if not job.done.wait(timeout):
+            with self._lock:
+                if not job.done.is_set():
+                    job.waiters -= 1
+                    if not job.waiters and not job.started:
+                        job.cancelled = True  # never runs: it was counted as not done
+                        self._live.remove(job)
+                    self._stuck = bool(self._live)
+                    return False, TimeoutError(
+                        f"exporter {self.name!r} took longer than {timeout}s"
+                    )
+        return True, job.result
+
+    def close(self) -> None:
+        self._closed = True
+        if self._thread is not None:
+            self._jobs.put(None)
+
+
+def _not_awaitable(result: Any) -> Any:
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # (no "never awaited" warning on top of the error)
+        raise TypeError(
+            "an exporter method returned an awaitable: profkit calls exporters on threads of "
+            "their own, so export, force_flush and shutdown must be plain (not async def)"
+        )
+    return result
