@@ -54,7 +54,11 @@ class Session(Decider):
         self.triggered = Triggered()
         spans, exporters = build_exporters(config)
         #: ``metrics``: the instruments (None when off: then none exists anywhere)
-        self.metrics = Metrics(config.meter_provider, self.stats) if config.metrics else None
+        self.metrics = (
+            Metrics(config.meter_provider, self.stats, config.max_attribute_length)
+            if config.metrics
+            else None
+        )
         delivered = self.metrics.delivered if self.metrics is not None else None
         fanout = Fanout(self.stats, spans, exporters, config.export_timeout, delivered)
         processor = Processor(config, self.stats)

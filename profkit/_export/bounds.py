@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import threading
 
+from .._text import clean
+
 __all__ = ["MAX_LABELS", "MAX_OPS", "MAX_OP_SERIES", "OTHER", "SeriesBounds"]
 
 #: distinct ``profkit.label`` values; later labels are recorded as "other"
@@ -32,23 +34,30 @@ class SeriesBounds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # only where a new attribute set is made
-        self._labels: dict[str, dict[str, str]] = {}
+        self._labels: dict[str, dict[str, str]] = {}  # by the label as given
+        self._values: dict[str, dict[str, str]] = {}  # by the label as recorded
         self._ops: dict[str, dict[str, dict[str, str]]] = {}
         self._named = 0  # op series with an op's own name (not a label's "other")
 
-    def label(self, label: str) -> dict[str, str]:
-        """``label``'s ``profkit.label`` attributes (``other``'s past ``MAX_LABELS``)."""
+    def label(self, label: str, limit: int) -> dict[str, str]:
+        """``label``'s ``profkit.label`` attributes (``other``'s past ``MAX_LABELS``): the
+        label as spans carry it (:func:`profkit._text.clean`, cut at ``limit``), whether it
+        comes raw (a call's duration) or cleaned already (its op rows), so both instruments
+        share one series and no string the encoders refuse leaves (a lone surrogate fails a
+        whole Prometheus scrape)."""
         attrs = self._labels.get(label)
         if attrs is not None:
             return attrs
         with self._lock:
             attrs = self._labels.get(label)
             if attrs is None:
-                if len(self._labels) >= MAX_LABELS:
-                    label = OTHER
-                    attrs = self._labels.get(OTHER)
+                value = clean(label, limit)
+                attrs = self._values.get(value)
                 if attrs is None:
-                    attrs = self._labels[label] = {"profkit.label": label}
+                    if len(self._values) >= MAX_LABELS:
+                        value = OTHER
+                    attrs = self._values.setdefault(value, {"profkit.label": value})
+                self._labels[label] = attrs
             return attrs
 
     def op(self, label: str, op: str) -> dict[str, str]:

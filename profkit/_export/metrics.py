@@ -189,8 +189,9 @@ def _instruments(provider: Any) -> _Instruments:
 class Metrics:
     """One session's hand-off from the request path to its provider's instruments."""
 
-    def __init__(self, provider: Any, stats: Stats) -> None:
+    def __init__(self, provider: Any, stats: Stats, label_limit: int) -> None:
         self.stats = stats
+        self._limit = label_limit  # labels recorded as spans carry them: max_attribute_length
         provider = provider if provider is not None else otel_metrics.get_meter_provider()
         self._instruments = _instruments(provider)
         self._duration = self._instruments.duration
@@ -287,23 +288,25 @@ class Metrics:
                 call = delivered.popleft()
             except IndexError:
                 return
-            label = bounds.label(call.label)["profkit.label"]  # bounded: MAX_LABELS
+            label = bounds.label(call.label, self._limit)["profkit.label"]  # bounded
             for row in call.root.ops:  # each row's attributes: two dict lookups
                 record_self(row.self_cpu_us / 1e6, bounds.op(label, row.name), _EMPTY)
             with self._held_lock:
                 held = self._held.pop((call.window_id, call.call_index), None)
             if held is not None:
-                self._duration.record(held[1] / 1e9, self._bounds.label(held[0]), _exemplar(call))
+                attrs = self._bounds.label(held[0], self._limit)
+                self._duration.record(held[1] / 1e9, attrs, _exemplar(call))
 
     def _drain_pending(self) -> None:
         record, pending, label_of = self._duration.record, self._pending, self._bounds.label
+        limit = self._limit
         self.shed()  # more than a second's worth: the oldest go, counted
         while True:
             try:
                 label, ns = pending.popleft()
             except IndexError:
                 return
-            record(ns / 1e9, label_of(label), _EMPTY)
+            record(ns / 1e9, label_of(label, limit), _EMPTY)
 
     def _release_held(self, release_all: bool) -> None:
         """Durations whose window never reached the exporters, past ``_HOLD_S`` (or all).
@@ -324,7 +327,7 @@ class Metrics:
                 keys.append(key)
             released = [held.pop(key) for key in keys]
         for label, ns, _ in released:
-            self._duration.record(ns / 1e9, self._bounds.label(label), _EMPTY)
+            self._duration.record(ns / 1e9, self._bounds.label(label, self._limit), _EMPTY)
 
     # -- control ----------------------------------------------------------------------------
 
