@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["clean", "clip", "escape"]
+__all__ = ["as_label", "clean", "clip", "escape"]
 
 #: characters that never leave profkit as they are: C0 and C1 controls, DEL, lone surrogates
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -56,3 +56,16 @@ def clean(text: str, limit: int | None = None, *, keep_end: bool = False) -> str
     """:func:`escape` then :func:`clip`: what every string profkit writes goes through."""
     text = escape(text)
     return text if limit is None else clip(text, limit, keep_end=keep_end)
+
+
+def as_label(name: object) -> str:
+    """A label given as something other than a string (``region(123)``), made one with
+    ``str()`` as :mod:`logging` does with a message; one whose ``str()`` raises is named by
+    its type. Labelling never raises into the caller's code for it."""
+    if isinstance(name, str):
+        return name
+    try:
+        text = str(name)
+    except Exception:
+        return f"<{type(name).__qualname__}>"
+    return text if isinstance(text, str) else f"<{type(name).__qualname__}>"

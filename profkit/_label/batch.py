@@ -32,6 +32,7 @@ from .._compat import SPAN_KEY, otel_current
 from .._model import BatchMemberSummary, BatchSummary
 from .._records import CallRecord, Policy
 from .._targeting.slow import Timed
+from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import watch_loop
 from .scope import FRAME, GLOBAL, OFF, Active, _abort_root, _open, enter, exit_, undo_enter
@@ -127,7 +128,7 @@ class batch:
     def __init__(
         self, label: str, members: Iterable[Any], weights: Iterable[float] | None = None
     ) -> None:
-        self.label = label
+        self.label = label if label.__class__ is str else as_label(label)
         self._members = members
         self._weights = weights
         self._entered: Any = None

@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import wrapt
 
 from .._model import CodeInfo
+from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
 from .routes import warn_if_route
@@ -136,7 +137,8 @@ def _decorate(
         return property(getter, prop.fset, prop.fdel, prop.__doc__)
     if kind_of is functools.cached_property:  # its first read is the call
         return functools.cached_property(_decorate(func.func, name, attributes))  # type: ignore[attr-defined]
-    label = name or default_label(func)
+    label = (name if isinstance(name, str) else as_label(name)) if name is not None else ""
+    label = label or default_label(func)
     if check_route:
         warn_if_route(func, label)
     kind = _kind(func)
@@ -330,7 +332,7 @@ class region:
     __slots__ = ("_attributes", "_entered", "_outer", "label")
 
     def __init__(self, name: str, /, **attributes: Any) -> None:
-        self.label = name
+        self.label = name if name.__class__ is str else as_label(name)
         self._attributes = attributes
         self._entered: Any = None
         self._outer: list[Any] | None = None  # only when one object re-enters
