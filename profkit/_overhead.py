@@ -9,10 +9,12 @@ What is charged (each piece measured with ``time.thread_time`` on the thread tha
 The share is that CPU time over the process's (``time.process_time``: every thread) over the
 last 9-10 seconds: checkpoints are taken at most once a second and the oldest of the last
 ten is the interval's start. The decision of a root call left unprofiled is charged too,
-sampled: one root call in 256 is timed and charged 256 times over (each sample at most 50 µs)
-(:meth:`profkit._capture.decide.Decider.decide`). What is not charged: the rest of a root
-call's off-sample path (its frame, its context variable), nested regions, and the span
-processor's own export thread.
+sampled: one root call in 256 is timed, less its clock reads' own cost
+(:func:`clock_cost_ns`), and charged 256 times the median of the last nine samples
+(``profkit._capture.decide._timed``); it is *fixed* cost, counted toward the budget up to
+half of it (:meth:`CpuMeter.budget_share`). What is not charged: the rest of a root call's
+off-sample path (its frame, its context variable), nested regions, and the span processor's
+own export thread.
 
 A sampled call itself, while its window records (from the decision to its end: the
 profiler's per-op recording, the root's ``record_function`` ranges, whatever the code does
@@ -37,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_BASELINES", "Baselines", "Control", "CpuMeter"]
+__all__ = ["MAX_BASELINES", "Baselines", "Control", "CpuMeter", "clock_cost_ns"]
 
 #: wall seconds between two checkpoints
 _STEP_S = 1.0
@@ -47,6 +49,23 @@ _MARKS = 10
 _CONTROLS = 9
 #: labels with a baseline at once; a new one past them pushes out the one noted longest ago
 MAX_BASELINES = 256
+
+
+_clock_cost: list[int] = []
+
+
+def clock_cost_ns() -> int:
+    """What two back-to-back ``time.thread_time_ns()`` reads measure (a system call each on
+    Linux, ~0.7-0.9 µs): subtracted from a timed decision, which it would inflate 256 times
+    over. The median of 31 pairs, measured once per process."""
+    if not _clock_cost:
+        read = time.thread_time_ns
+        pairs = []
+        for _ in range(31):
+            t0 = read()
+            pairs.append(read() - t0)
+        _clock_cost.append(sorted(pairs)[15])
+    return _clock_cost[0]
 
 
 class CpuMeter:
@@ -64,11 +83,11 @@ class CpuMeter:
         self._clock = clock
         self._cpu = cpu
         self._lock = threading.RLock()  # re-entrant: a signal handler's call may charge too
-        #: profkit's CPU seconds so far
-        self.spent = 0.0
-        #: (wall time, process CPU time, profkit CPU time) checkpoints, oldest first
-        self._marks: collections.deque[tuple[float, float, float]] = collections.deque(
-            [(clock(), cpu(), 0.0)], maxlen=_MARKS
+        #: profkit's CPU seconds so far, and those of them spent on decisions (``fixed``)
+        self.spent = self.fixed = 0.0
+        #: (wall time, process CPU time, profkit's, its decisions') checkpoints, oldest first
+        self._marks: collections.deque[tuple[float, float, float, float]] = collections.deque(
+            [(clock(), cpu(), 0.0, 0.0)], maxlen=_MARKS
         )
 
     def charge(self, seconds: float) -> None:
@@ -76,15 +95,36 @@ class CpuMeter:
         with self._lock:
             self.spent += seconds
 
+    def charge_fixed(self, seconds: float) -> None:
+        """Add ``seconds`` spent deciding about calls left unprofiled: a cost that refusing
+        picks cannot lower (see :meth:`budget_share`)."""
+        with self._lock:
+            self.spent += seconds
+            self.fixed += seconds
+
     def share(self) -> float:
         """profkit's CPU time / the process's over the trailing interval (0.0 before any)."""
-        now, cpu, spent = self._clock(), self._cpu(), self.spent
+        return self._shares()[0]
+
+    def budget_share(self, budget: float) -> float:
+        """The share that the budget compares with ``budget``: the windows' share, plus the
+        decisions' own share up to half the budget. Refusing picks lowers only the first; if
+        the decisions alone (calls of a few µs each) were over the budget, refusing every pick
+        would not bring the share under it, and profiling would be off for good."""
+        total, fixed = self._shares()
+        return total - fixed + min(fixed, budget / 2)
+
+    def _shares(self) -> tuple[float, float]:
+        """(profkit's share, its decisions' share) over the trailing interval."""
+        now, cpu, spent, fixed = self._clock(), self._cpu(), self.spent, self.fixed
         marks = self._marks
         if now - marks[-1][0] >= _STEP_S:
-            marks.append((now, cpu, spent))
-        _, cpu0, spent0 = marks[0]
+            marks.append((now, cpu, spent, fixed))
+        _, cpu0, spent0, fixed0 = marks[0]
         used = cpu - cpu0
-        return (spent - spent0) / used if used > 0 else 0.0
+        if used <= 0:
+            return 0.0, 0.0
+        return (spent - spent0) / used, (fixed - fixed0) / used
 
 
 class Baselines:

@@ -52,6 +52,7 @@ charged 256 times that to the overhead budget (:func:`_timed`, docs/performance.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import time
@@ -63,7 +64,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
 from .._config import Config
 from .._export.pipeline import ExportPipeline
-from .._overhead import MAX_BASELINES, Baselines, Control
+from .._overhead import MAX_BASELINES, Baselines, Control, clock_cost_ns
 from .._records import CallRecord, Policy
 from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
@@ -96,6 +97,7 @@ _CLOCK = time.perf_counter_ns
 #: signal handler that ran inside it is not the decision's, and would be charged 256 times)
 _TIMED_EVERY = 256  # (decide's mask is its literal 255: a constant, no global read)
 _TIMED_CAP_NS = 50_000
+_TIMED_KEPT = 9
 _thread_ns = time.thread_time_ns
 
 
@@ -209,6 +211,10 @@ class Decider:
         self._baggage = config.baggage_trigger  # a plain attribute: one read when it is off
         self._book = book
         self._speculation = speculation
+        #: what the timed decision's own clock reads cost (:func:`_timed` subtracts it),
+        #: and the last timed decisions (each charge is their median)
+        self.clock_ns = clock_cost_ns()
+        self.timed_ns: collections.deque[int] = collections.deque(maxlen=_TIMED_KEPT)
         #: ``metrics``: the clock that times every root call left unprofiled (else None)
         self._clock: Any = _CLOCK if time_all else None
         #: what a call the sampler passed over gets: None, ``OFF`` (neither ``capture_slow``
@@ -389,6 +395,9 @@ def _timed(decider: Decider, label: str, speculate: bool, sync: bool, asked: boo
     t0 = _thread_ns()
     decision = decider.decide(label, speculate, sync, True, asked)
     if decision[0] is not PROFILED:
-        took = min(_thread_ns() - t0, _TIMED_CAP_NS)
-        decider._stats.cpu.charge(took * _TIMED_EVERY / 1e9)
+        took = min(_thread_ns() - t0 - decider.clock_ns, _TIMED_CAP_NS)  # less the clock's
+        samples = decider.timed_ns
+        samples.append(max(0, took))
+        typical = sorted(samples)[len(samples) // 2]  # a GC pass inside one is not typical
+        decider._stats.cpu.charge_fixed(typical * _TIMED_EVERY / 1e9)
     return decision

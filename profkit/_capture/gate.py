@@ -35,13 +35,14 @@ class Gate:
         return None
 
     def over_budget(self) -> bool:
-        """Whether profkit's CPU share is at its budget; once it is, said again for 10 ms
+        """Whether profkit's CPU share is at its budget (the decisions' own share counted up
+        to half of it: :meth:`CpuMeter.budget_share`); once it is, said again for 10 ms
         without asking (the share reads the process's CPU clock, a system call)."""
         now = time.monotonic()
         if now < self._over_until:
             return True
         assert self._budget is not None
-        if self._stats.cpu.share() >= self._budget:
+        if self._stats.cpu.budget_share(self._budget) >= self._budget:
             self._over_until = now + _OVER_RECHECK_S
             return True
         return False

@@ -145,6 +145,47 @@ def test_cpu_meter_forgets_what_left_the_interval() -> None:
     assert 0.0 == meter.share()
 
 
+def test_the_decisions_count_toward_the_budget_up_to_half_of_it() -> None:
+    """Deciding about the calls left unprofiled is a cost that refusing picks cannot lower:
+    on calls of tens of µs it alone can pass the budget, and counting all of it locked
+    profiling out for good (the review: 2 windows in 19 s at the defaults and 1%). It counts
+    up to half the budget; the share reported is still the whole."""
+    wall, cpu = [0.0], [0.0]
+    meter = CpuMeter(clock=lambda: wall[0], cpu=lambda: cpu[0])
+    meter.charge_fixed(0.05)  # decisions: 5% of the process
+    meter.charge(0.002)  # windows: 0.2%
+    cpu[0] = 1.0
+    assert pytest.approx(0.052) == meter.share()
+    assert pytest.approx(0.007) == meter.budget_share(0.01)  # under 1%: picks go ahead
+    meter.charge(0.004)  # windows: 0.6%
+    assert meter.budget_share(0.01) >= 0.01  # now the windows' share refuses them
+    cpu2 = [0.0]
+    meter2 = CpuMeter(clock=lambda: wall[0], cpu=lambda: cpu2[0])
+    meter2.charge_fixed(0.001)  # decisions under half the budget count in full
+    meter2.charge(0.0085)
+    cpu2[0] = 1.0
+    assert pytest.approx(0.0095) == meter2.budget_share(0.01)
+
+
+def test_fast_calls_whose_decisions_pass_the_budget_still_get_windows() -> None:
+    """At the defaults with ``max_overhead=0.01``, decisions charged at 5% of the process do
+    not turn every pick away."""
+
+    @profkit.profiled("fast")
+    def fast() -> int:
+        return 1
+
+    with capture(sample_every=10, cold_calls=0, max_overhead=0.01, max_per_minute=None) as cap:
+        session = get_session()
+        assert session is not None
+        session.stats.cpu.charge_fixed(0.05 * max(time.process_time(), 1.0))
+        for _ in range(30):
+            fast()
+    s = cap.stats
+    assert s["sampled"] >= 1, s
+    assert s["overhead"] >= 0.05  # the share reported is the whole
+
+
 def test_over_budget_calls_are_skipped_and_triggers_still_profile() -> None:
     """Over max_overhead the sampler's picks are skipped_budget; a trigger is still profiled."""
     with capture(sample_every=1, max_overhead=0.01, max_per_minute=None) as cap:
@@ -167,10 +208,10 @@ def test_refused_calls_use_up_no_rate_cap_token(monkeypatch: pytest.MonkeyPatch)
     with capture(sample_every=1, max_overhead=0.01, max_per_minute=2) as cap:
         session = get_session()
         assert session is not None
-        monkeypatch.setattr(session.stats.cpu, "share", lambda: 0.5)
+        monkeypatch.setattr(session.stats.cpu, "budget_share", lambda budget: 0.5)
         for _ in range(5):
             predict(X)
-        monkeypatch.setattr(session.stats.cpu, "share", lambda: 0.0)
+        monkeypatch.setattr(session.stats.cpu, "budget_share", lambda budget: 0.0)
         time.sleep(0.02)  # an over-budget verdict stands 10 ms before the share is read again
         for _ in range(5):
             predict(X)
