@@ -7,8 +7,10 @@ keyword arguments), with one addition: the span exporter is wrapped in a
 ``CountingSpanExporter``, so a collector that is down or slow shows up in
 ``profkit.stats()`` (``error_reasons["otlp_export_failed"]`` per failed batch,
 ``otlp_spans_failed`` per span of profkit's: the application's own spans in the same
-batches are not counted) instead of only in the OTel SDK's log, and ``profkit.force_flush()``
-/ ``profkit.shutdown()`` return False when profkit spans failed since the last of them.
+batches are not counted; a span of profkit's that the processor's full queue drops counts
+there too, with ``error_reasons["otlp_queue_full"]``) instead of only in the OTel SDK's
+log, and ``profkit.force_flush()`` / ``profkit.shutdown()`` return False when profkit spans
+failed since the last of them.
 
 The OTLP exporter packages are optional: ``pip install 'profkit[otlp]'``.
 """
@@ -26,15 +28,17 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from ._counters import DEFAULT, Counters
 from .otel import TRACER_NAME
 
-__all__ = ["PROTOCOLS", "CountingSpanExporter", "otlp_span_processor"]
+__all__ = ["PROTOCOLS", "CountingBatchSpanProcessor", "CountingSpanExporter", "otlp_span_processor"]
 
 #: the OTLP protocols profkit can build an exporter for (OTel's names for them)
 PROTOCOLS = ("grpc", "http/protobuf")
 
 #: the error reason counted once per failed batch that held profkit spans
 FAILED_REASON = "otlp_export_failed"
-#: the counter of spans in failed batches
+#: the counter of spans in failed batches (and of those the processor's full queue dropped)
 SPANS_FAILED = "otlp_spans_failed"
+#: the error reason counted once per profkit span a full processor queue dropped
+QUEUE_FULL_REASON = "otlp_queue_full"
 
 _MODULES = {
     "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
@@ -125,7 +129,8 @@ def _exporter_class(protocol: str) -> Any:
 def otlp_span_processor(
     protocol: str | None = None, *, counting_into: Counters | None = None, **exporter_kwargs: Any
 ) -> BatchSpanProcessor:
-    """A ``BatchSpanProcessor`` that ships spans over OTLP and counts failed exports.
+    """A ``BatchSpanProcessor`` that ships spans over OTLP and counts failed exports, and
+    the profkit spans its full queue drops (:class:`CountingBatchSpanProcessor`).
 
     Add it to the ``TracerProvider`` that profkit uses (the global one, or the one given to
     ``profkit.configure(tracer_provider=...)``):
@@ -144,4 +149,40 @@ def otlp_span_processor(
         ImportError: the OTLP exporter package for ``protocol`` is not installed.
     """
     cls = _exporter_class(_protocol(protocol))
-    return BatchSpanProcessor(CountingSpanExporter(cls(**exporter_kwargs), counting_into))
+    return CountingBatchSpanProcessor(CountingSpanExporter(cls(**exporter_kwargs), counting_into))
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """A ``BatchSpanProcessor`` that also counts the profkit spans its full queue drops.
+
+    The SDK's processor drops the oldest queued span when a new one finds the queue full
+    (``OTEL_BSP_MAX_QUEUE_SIZE``, 2048: a collector slower than the span rate), with only a
+    log line; a dropped span of profkit's is counted like a failed export
+    (``otlp_spans_failed``, ``error_reasons["otlp_queue_full"]``), so ``force_flush()`` says
+    False. Reads the SDK's queue (1.x's ``BatchProcessor``): where it is not found, nothing
+    is counted and spans go on as in the plain processor.
+    """
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            dropped = self._about_to_drop(span)
+        except Exception:  # (the SDK's internals moved: count nothing, never fail a span)
+            dropped = None
+        super().on_end(span)
+        if dropped is not None and _is_profkits(dropped):
+            exporter = self.span_exporter
+            counters = exporter._counters() if isinstance(exporter, CountingSpanExporter) else None
+            if counters is not None:
+                counters.add(SPANS_FAILED, 1)
+                counters.error(QUEUE_FULL_REASON, None)
+
+    def _about_to_drop(self, span: ReadableSpan) -> ReadableSpan | None:
+        """The span that queuing ``span`` pushes out (the oldest), or None."""
+        if not (span.context and span.context.trace_flags.sampled):
+            return None
+        inner = getattr(self, "_batch_processor", None)
+        queue = getattr(inner, "_queue", None)
+        size = getattr(inner, "_max_queue_size", None)
+        if queue is None or size is None or getattr(inner, "_shutdown", False):
+            return None
+        return queue[-1] if len(queue) >= size else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -328,3 +329,37 @@ def test_shutdown_timeout_is_passed_on() -> None:
     plain = FakeExporter([])
     BatchSpanProcessor(CountingSpanExporter(plain)).shutdown()
     assert plain.shut
+
+
+@pytest.mark.timeout(60)
+def test_spans_a_full_processor_queue_drops_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector that is up but slower than the span rate: the batch processor's full queue
+    drops the oldest spans with only a log line. Each profkit span dropped is counted, so
+    what arrived and what was counted make up every span made, and the flush says False."""
+    import otlp_receiver
+
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    served = otlp_receiver._Handler.do_POST
+
+    def slow(self: Any) -> None:
+        time.sleep(0.2)
+        served(self)
+
+    monkeypatch.setattr(otlp_receiver._Handler, "do_POST", slow)
+    with HttpReceiver() as rx:
+        provider, _ = _provider(otlp_span_processor("http/protobuf", endpoint=rx.endpoint))
+        profkit.configure(sample_every=1, tracer_provider=provider, exporters=("otel",))
+        session = get_session()
+        for _ in range(10):
+            assert torch.equal(EXPECTED, predict(BATCH))
+        assert not profkit.force_flush(30.0)
+        provider.force_flush(30_000)
+        stats = session.stats.snapshot()
+        made = stats["exported"] * SPANS_PER_CALL
+        assert 10 == stats["exported"]
+        assert stats["otlp_spans_failed"] > 0
+        assert stats["error_reasons"]["otlp_queue_full"] == stats["otlp_spans_failed"]
+        assert made == len(rx.spans()) + stats["otlp_spans_failed"]
+        profkit.shutdown(10.0)
+        provider.shutdown()
