@@ -57,7 +57,9 @@ class ScopeRecord:
     opens: see :func:`profkit._label.scope._open`), None once closed or never opened."""
     intervals: list[tuple[int, int]] | None = None
     """A decorated coroutine of the call in a child task: when that task ran it (its ops,
-    and its nested scopes', are those on its thread inside these)."""
+    and its nested scopes', are those on its thread inside these). The root's, of a sampled
+    coroutine or generator: its own steps alone, without its child tasks' (the scopes nested
+    in the root's task take their ops from these; ``CallRecord.intervals`` has both)."""
 
     def close(self) -> Exception | None:
         """Close the range and take the end time; returns what the range's exit raised.

@@ -46,8 +46,9 @@ def async_call(
             if entered.__class__ is Active:
                 call = entered.call
                 if entered.session is not None:  # a sampled root: record when its task runs
-                    call.intervals, call.tasks = [], {_task()}
-                    return await Intervals(coro, call.intervals)
+                    call.intervals, call.tasks = [], {_task()}  # (its child tasks' steps too)
+                    own = call.scopes[entered.scope].intervals = []  # its own task's alone
+                    return await Intervals(coro, call.intervals, own)
                 task = _task()
                 if call.intervals is not None and task not in call.tasks:  # in a child task
                     call.tasks.add(task)  # (asyncio.gather): its steps are the call's too
@@ -297,7 +298,7 @@ class Stepped:
         self._frame: Any = None
         self._timed: Timed | Control | None = None  # an unprofiled root, timed: ended with it
         #: a sampled root's running intervals: other tasks' (or the consumer's) ops fall between
-        self._intervals: list[tuple[int, int]] | None = None
+        self._intervals: _Both | None = None
         self._t0 = 0
 
     def step_in(self) -> Token[Any] | None:
@@ -314,8 +315,12 @@ class Stepped:
                     if isinstance(entered, Active):
                         self._entered = entered
                         if entered.session is not None:  # a root: its steps are timed
-                            self._intervals = entered.call.intervals = []
-                            entered.call.tasks = {_task()}
+                            call = entered.call
+                            own: list[tuple[int, int]] = []  # its steps alone, no child's
+                            call.intervals = []
+                            call.scopes[entered.scope].intervals = own
+                            self._intervals = _Both(call.intervals, own)
+                            call.tasks = {_task()}
             finally:
                 FRAME.set(outer)  # the caller's frame; ours is set per step below
         if self._frame is None:

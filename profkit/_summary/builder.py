@@ -34,7 +34,7 @@ from .._records import CallRecord, ScopeRecord
 from .._text import clean
 from .compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
 from .events import EventView, RawEvent
-from .steps import in_intervals, steps_of
+from .steps import in_intervals, merged, steps_of
 
 __all__ = ["build_calls", "rows_for", "top_rows"]
 
@@ -275,7 +275,7 @@ def _build_call(
     max_attributes: int,
 ) -> CallSummary:
     marks = [index.match_scope(s) for s in call.scopes]
-    intervals = sorted(call.intervals) if call.intervals else None
+    intervals = merged(call.intervals) if call.intervals else None
     attribution, per_scope = _attribute(index, call, marks, intervals, all_threads)
     scopes = []
     compile_us = 0.0

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from .._records import CallRecord
 from .events import EventView
 
-__all__ = ["in_intervals", "steps_of"]
+__all__ = ["in_intervals", "merged", "steps_of"]
 
 #: tolerance placing an op in a task's running interval (the clocks agree to well under it)
 _TASK_SLACK_NS = 1_000
@@ -26,14 +26,33 @@ def in_intervals(v: EventView, intervals: Sequence[tuple[int, int]]) -> bool:
     return bool(v.start_ns <= end and v.end_ns <= end + _TASK_SLACK_NS)
 
 
+def merged(intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``intervals`` sorted, those that overlap or nest joined (a coroutine run by
+    ``asyncio.run`` inside a generator's step records steps inside the step's own): what
+    :func:`in_intervals` needs, as it looks only at the last interval starting before an op."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
 def steps_of(
     call: CallRecord, i: int, intervals: Sequence[tuple[int, int]] | None
 ) -> Sequence[tuple[int, int]] | None:
-    """When scope ``i`` ran: its child task's intervals (its own, or an enclosing scope's in
-    that task: a decorated coroutine run by ``asyncio.gather``), else the call's."""
+    """When scope ``i`` ran: the call's (merged) ``intervals`` for the root, which its child
+    tasks' steps are part of; for a nested scope, its task's: its child task's (its own, or
+    an enclosing scope's in that task: a decorated coroutine run by ``asyncio.gather``), else
+    the root task's own steps, not its child tasks' (which ran beside the scope)."""
+    if i == 0:
+        return intervals
     while i > 0:
         rec = call.scopes[i]
         if rec.intervals is not None:
-            return sorted(rec.intervals)
+            return merged(rec.intervals)
         i = rec.parent
-    return intervals
+    own = call.scopes[0].intervals
+    return merged(own) if own is not None else intervals

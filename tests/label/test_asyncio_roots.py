@@ -5,7 +5,7 @@ from another task's, and says so (``attribution="window"``) rather than claim th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import torch
@@ -169,3 +169,69 @@ def test_decorated_coroutines_in_child_tasks_keep_their_ops() -> None:
         assert not {name for name in rows if "softmax" in name}
         tokenize = [s for s in call.scopes if s.label == "tokenize"]
         assert [1] * tanh == [{r.name: r.count for r in s.ops}.get("aten::tanh") for s in tokenize]
+
+
+@profkit.profiled("sibling_child")
+async def _sibling_child(x: torch.Tensor) -> None:
+    for _ in range(4):
+        torch.mm(x, x)
+        await asyncio.sleep(0)
+
+
+@profkit.profiled("sibling_nested")
+async def _sibling_nested(x: torch.Tensor) -> None:
+    for _ in range(4):
+        torch.relu(x)
+        await asyncio.sleep(0)
+
+
+@profkit.profiled("sibling_root")
+async def _sibling_root(x: torch.Tensor) -> None:
+    child = asyncio.create_task(_sibling_child(x))
+    await _sibling_nested(x)
+    await child
+
+
+@pytest.mark.timeout(60)
+def test_a_child_tasks_ops_are_not_credited_to_a_scope_of_the_root_task() -> None:
+    """The root starts a child task (matmuls) and awaits a nested coroutine in its own task
+    (relu only): the nested scope's ops are the root task's, not the child task's."""
+    x = torch.ones(32, 32)
+    with capture(sample_every=1, cold_calls=0) as cap:
+        asyncio.run(_sibling_root(x))
+    (call,) = cap.calls
+    ops = {s.label: {r.name for r in s.ops if r.name.startswith("aten::")} for s in call.scopes}
+    assert "aten::relu" in ops["sibling_nested"]
+    assert "aten::mm" not in ops["sibling_nested"], ops
+    assert {"aten::mm", "aten::relu"} <= ops["sibling_root"]
+    assert "aten::mm" in ops["sibling_child"]
+    assert "aten::relu" not in ops["sibling_child"]
+
+
+@profkit.profiled("nested_loop_fetch")
+async def _nested_loop_fetch(x: torch.Tensor) -> int:
+    torch.tanh(x)
+    return 1
+
+
+@profkit.profiled("nested_loop_stream")
+def _nested_loop_stream(x: torch.Tensor) -> Iterator[int]:
+    for _ in range(2):
+        torch.relu(x)
+        asyncio.run(_nested_loop_fetch(x))  # a loop of its own, inside the generator's step
+        torch.mm(x, x)
+        yield 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("all_threads", [False, True], ids=["thread", "all_threads"])
+def test_a_generator_step_that_runs_a_loop_keeps_its_ops_after_it(all_threads: bool) -> None:
+    """A coroutine's steps nested inside the generator's step: the step's ops after
+    ``asyncio.run`` are still the generator's (intervals that nest are merged)."""
+    x = torch.ones(32, 32)
+    with capture(sample_every=1, cold_calls=0, all_threads=all_threads) as cap:
+        assert [1, 1] == list(_nested_loop_stream(x))
+    (call,) = [c for c in cap.calls if c.label == "nested_loop_stream"]
+    ops = {s.label: {r.name for r in s.ops if r.name.startswith("aten::")} for s in call.scopes}
+    assert {"aten::relu", "aten::tanh", "aten::mm"} <= ops["nested_loop_stream"], ops
+    assert "aten::mm" not in ops["nested_loop_fetch"]
