@@ -91,13 +91,10 @@ _SAMPLED = TraceFlags.SAMPLED
 _YES = frozenset({"1", "true", "yes"})
 #: the clock of a timed call (``TIMED``): ``perf_counter_ns``
 _CLOCK = time.perf_counter_ns
-#: one root call in ``_TIMED_EVERY`` (a power of two) has its decision timed on its thread's
-#: CPU clock and charged that many times over (a call left unprofiled: a window's start is
-#: charged by the keeper), each sample at most ``_TIMED_CAP_NS`` (a garbage collection or a
-#: signal handler that ran inside it is not the decision's, and would be charged 256 times)
-_TIMED_EVERY = 256  # (decide's mask is its literal 255: a constant, no global read)
-_TIMED_CAP_NS = 50_000
-_TIMED_KEPT = 9
+#: one root call in ``_TIMED_EVERY`` (a power of two) left unprofiled has its decision timed
+#: on its thread's CPU clock, each sample at most ``_TIMED_CAP_NS``, and is charged that many
+#: times the median of the last ``_TIMED_KEPT`` samples (see :func:`_timed`)
+_TIMED_EVERY, _TIMED_CAP_NS, _TIMED_KEPT = 256, 50_000, 9  # (decide's mask: a literal 255)
 _thread_ns = time.thread_time_ns
 
 

@@ -257,10 +257,10 @@ class Window:
         A thread-local profiler's state went with its thread (stopping it from another thread
         only logs torch warnings). An all-threads profiler is process-wide: it is still
         recording every thread and must be stopped here, or it records forever and crashes
-        the interpreter's exit (unless a user's replaced it). The process-wide flag is
-        cleared either way."""
+        the interpreter's exit (unless a user's replaced it: never taken for leaked then)."""
         prof, self.prof = self.prof, None
         self.calls.clear()
+        _unstopped.pop(id(prof), None)
         if prof is not None and not self.clobbered:
             _force_stop(prof, all_threads=self.config.all_threads)
 

@@ -218,3 +218,14 @@ def test_child_forked_after_profiling_warns_at_its_normal_exit() -> None:
     assert 0 == rc, err[-2000:]
     assert report["child"] in (0, None)  # None: it hung in kineto's teardown and was killed
     assert 1 == err.count("this process was forked after a torch profiler ran in its parent")
+
+
+
+def test_a_users_profiler_started_in_a_sampled_call_survives_a_fork() -> None:
+    """The user starts their own profiler inside a sampled call, then forks: in the child,
+    profkit's next window does not take the user's profiler for a leaked one of its own
+    (profkit's replaced profile is forgotten when its window is given up). A fresh
+    interpreter: the profiler states this leaves are not for pytest's own process."""
+    rc, report, err = run_fresh("fork_user_profiler")
+    assert rc == 0, err[-3000:]
+    assert {"on": True, "errors": {}, "sin": True, "parent": True} == report, err[-3000:]
