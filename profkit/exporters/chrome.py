@@ -31,6 +31,25 @@ _NAME = re.compile(r"profkit-(\d+)-w(\d+)\.json(?:\.gz)?")
 _VALUES = "Concrete Inputs"
 
 
+def _check_complete(path: str) -> None:
+    """Raise OSError unless torch wrote the whole trace: its writer ignores a failed write (a
+    full disk, a file-size limit) and leaves half a file, which must never be moved into view.
+    kineto ends a trace with its ``"traceName"`` and the closing brace; a file without them
+    (another writer) must parse as JSON."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 1024))
+        tail = f.read()
+    if tail.rstrip().endswith(b"}") and b'"traceName"' in tail:
+        return
+    try:
+        with open(path, "rb") as f:
+            json.load(f)
+    except ValueError as exc:
+        raise OSError(f"the trace file was cut short at {size} bytes (is the disk full?)") from exc
+
+
 class TraceFileWriter:
     """Writes and prunes the trace files of one session.
 
@@ -70,6 +89,7 @@ class TraceFileWriter:
         try:
             path = os.path.join(scratch, "trace.json")
             write_trace(path)
+            _check_complete(path)
             if self.strip_values:
                 strip_concrete_inputs(path)
             if self.gzip:

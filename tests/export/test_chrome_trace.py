@@ -16,6 +16,7 @@ import torch
 import profkit
 from profkit import WindowSummary
 from profkit.testing import capture
+from tests.fresh_interpreter import run_fresh
 
 
 class SizeRecorder:
@@ -239,3 +240,21 @@ def test_trace_files_hold_no_scalar_argument_values(tmp_path: Path, gzipped: boo
     text = json.dumps(events)
     assert "7331.25" not in text
     assert "Concrete Inputs" not in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("packing", ["gzip", "plain"])
+def test_a_trace_write_cut_short_is_counted_and_never_moved_into_view(
+    tmp_path: Path, packing: str
+) -> None:
+    """torch's trace writer ignores a failed write (a full disk): the half file must not be
+    renamed into place, and a span must not point at it."""
+    rc, report, err = run_fresh("chrome_trace_cut_short", str(tmp_path), packing)
+    assert rc == 0, err[-3000:]
+    assert {
+        "value": 64.0,
+        "paths": [True, False],
+        "trace_file": 1,
+        "exported": 2,
+        "files": 1,
+    } == report
