@@ -7,7 +7,7 @@ from typing import Any
 
 from .._model import CallSummary, OpRow
 
-__all__ = ["batch_members", "call_extras", "call_fields", "iso_time", "op_dict"]
+__all__ = ["batch_members", "call_extras", "call_fields", "call_ids", "iso_time", "op_dict"]
 
 
 def iso_time(epoch_ns: int) -> str:
@@ -120,3 +120,14 @@ def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
             {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)} for w, f, s in d.amdahl
         ]
     return out
+
+
+def call_ids(call: CallSummary) -> dict[str, str]:
+    """The ids a log line or JSON line joins on: the call's span's, or, when its span was not
+    recorded (no ``"otel"``, a sampler's no), the request span's it ran under; else none."""
+    if call.trace_id:
+        return {"trace_id": call.trace_id, "span_id": call.span_id}
+    parent: Any = call.parent_span_context
+    if parent is not None:
+        return {"trace_id": f"{parent.trace_id:032x}", "span_id": f"{parent.span_id:016x}"}
+    return {}

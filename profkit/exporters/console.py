@@ -10,7 +10,7 @@ from typing import IO
 from .._model import CallSummary, WindowSummary
 from .._text import escape
 from . import Exporter
-from ._rows import call_fields
+from ._rows import call_fields, call_ids
 
 __all__ = ["ConsoleExporter", "JsonLinesExporter", "render_call"]
 
@@ -110,8 +110,5 @@ class JsonLinesExporter(_StreamExporter):
         return sys.stdout
 
     def _render(self, call: CallSummary) -> str:
-        record = {"event": "profkit.profile", **call_fields(call)}
-        if call.trace_id:
-            record["trace_id"] = call.trace_id
-            record["span_id"] = call.span_id
+        record = {"event": "profkit.profile", **call_fields(call), **call_ids(call)}
         return json.dumps(record, default=str) + "\n"

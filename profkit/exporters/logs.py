@@ -29,21 +29,12 @@ import structlog
 
 from .._model import CallSummary, WindowSummary
 from . import Exporter
-from ._rows import batch_members, call_fields, op_dict
+from ._rows import batch_members, call_fields, call_ids, op_dict
 
 __all__ = ["COMPACT_OPS", "LogExporter", "compact_fields", "parse_compact"]
 
 #: ops in a compact ``profkit.profile`` line
 COMPACT_OPS = 3
-
-
-def _ids(call: CallSummary) -> dict[str, str]:
-    if call.trace_id:
-        return {"trace_id": call.trace_id, "span_id": call.span_id}
-    parent: Any = call.parent_span_context
-    if parent is not None:
-        return {"trace_id": f"{parent.trace_id:032x}", "span_id": f"{parent.span_id:016x}"}
-    return {}
 
 
 class LogExporter(Exporter):
@@ -65,7 +56,7 @@ class LogExporter(Exporter):
                 emit = logger.warning if call.error is not None else logger.info
                 emit("profkit.profile", **compact_fields(call))
                 continue
-            ids = _ids(call)
+            ids = call_ids(call)
             fields = call_fields(call, with_ops=False)  # each row is a profkit.op event
             if call.error is not None:
                 logger.warning("profkit.profile", **ids, **fields)
@@ -110,7 +101,7 @@ def compact_fields(call: CallSummary) -> dict[str, Any]:
     if call.error is not None:
         out["error"] = call.error_text.type if call.error_text else type(call.error).__name__
     out["ops"] = ", ".join(f"{r.name} {r.self_cpu_us:.1f}us" for r in rows)
-    out.update(_ids(call))
+    out.update(call_ids(call))
     return out
 
 

@@ -177,6 +177,24 @@ def test_json_lines_exporter(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r.name for r in cap.calls[0].root.ops] == [r["op"] for r in lines[0]["top_ops"]]
 
 
+def test_json_lines_without_spans_carry_the_request_spans_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without "otel" the call has no span of its own: its JSON line carries the ids of the
+    request span it ran under, as its log event does, so it still joins the trace."""
+    tracer = TracerProvider().get_tracer("test")
+    with capture_logs() as logs, capture(sample_every=1, exporters=("log", "json")):
+        with tracer.start_as_current_span("request") as request:
+            predict(BATCH)
+        assert profkit.force_flush(10.0)
+    context = request.get_span_context()
+    expected = {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+    (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (event,) = [e for e in logs if e["event"] == "profkit.profile"]
+    assert expected == {k: line.get(k) for k in expected}
+    assert expected == {k: event.get(k) for k in expected}
+
+
 def test_console_exporter(capsys: pytest.CaptureFixture[str]) -> None:
     """The "console" exporter prints a readable block with the regions and top ops on stderr."""
     with capture(sample_every=1, exporters=("otel", "console")) as cap:
