@@ -13,8 +13,9 @@ Each worker process (uvicorn starts them apart, so each configures profkit itsel
   (``prometheus_client.start_http_server``; ``FLEET_METRICS_PORT``, 0: any free port);
 * writes that port as a Prometheus file service-discovery target into ``FLEET_TARGETS_DIR``
   (one ``<pid>.json`` per worker; point ``file_sd_configs`` at ``FLEET_TARGETS_DIR/*.json``);
-* calls ``profkit.configure(metrics=True, meter_provider=...)``: ``profkit.call.duration``,
-  ``profkit.op.self_time`` and the ``profkit.calls`` counters, as
+* calls ``profkit.configure(metrics=True, meter_provider=..., exporters=("log",))`` (no
+  TracerProvider here, so no ``"otel"``; with ``FLEET_JSONL_DIR``, the JSON lines alone):
+  ``profkit.call.duration``, ``profkit.op.self_time`` and the ``profkit.calls`` counters, as
   ``profkit_call_duration_seconds``, ``profkit_op_self_time_seconds`` and
   ``profkit_calls_total`` on the scrape endpoint. Prometheus tells the workers apart by their
   scrape target (``instance``); ``target_info`` carries ``service_instance_id``.
@@ -63,8 +64,17 @@ def meter_provider() -> MeterProvider:
 
 
 def serve_metrics() -> int:
-    """Serve this worker's metrics; announce the port to Prometheus's file discovery."""
-    server, _ = start_http_server(int(os.environ.get("FLEET_METRICS_PORT", "0")), "127.0.0.1")
+    """Serve this worker's metrics; announce the port to Prometheus's file discovery.
+
+    ``FLEET_METRICS_PORT`` is where the first worker listens; a worker that finds it taken
+    (another worker's, or anyone's) takes any free port instead and says so: the port is
+    announced to discovery either way, so no worker fails to start over it."""
+    wanted = int(os.environ.get("FLEET_METRICS_PORT", "0"))
+    try:
+        server, _ = start_http_server(wanted, "127.0.0.1")
+    except OSError as exc:
+        server, _ = start_http_server(0, "127.0.0.1")
+        print(f"fleet: metrics port {wanted} unavailable ({exc}); serving on {server.server_port}")
     port = int(server.server_port)
     targets = os.environ.get("FLEET_TARGETS_DIR")
     if targets:
@@ -84,9 +94,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if jsonl:
         out = open(Path(jsonl) / f"{os.getpid()}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         extra.append(JsonLinesExporter(out))
-    profkit.configure(metrics=True, meter_provider=provider, extra_exporters=extra)
-    serve_metrics()
     try:
+        # no TracerProvider in this example: structured logs (or the JSON lines alone), not
+        # "otel", whose spans would go nowhere and count every sample span_not_recording
+        exporters = () if jsonl else ("log",)
+        profkit.configure(
+            metrics=True, meter_provider=provider, exporters=exporters, extra_exporters=extra
+        )
+        serve_metrics()
         yield
     finally:
         profkit.shutdown(timeout=5.0)

@@ -129,7 +129,6 @@ def test_prometheus_sums_the_workers_op_self_time(tmp_path: Path) -> None:
         "PYTHONPATH": str(ROOT),
         "PROFKIT_SAMPLE_EVERY": "4",
         "PROFKIT_MAX_PER_MINUTE": "none",
-        "PROFKIT_EXPORTERS": "",
         "FLEET_TARGETS_DIR": str(targets),
         "FLEET_JSONL_DIR": str(jsonl),
     }
@@ -171,4 +170,24 @@ def test_prometheus_sums_the_workers_op_self_time(tmp_path: Path) -> None:
         _wait("every root call", lambda: _query(prom, calls) == REQUESTS + 1)
         outcome = 'sum(profkit_calls_total{profkit_outcome="exported"})'
         assert len(samples) == _query(prom, outcome)
+        assert _query(prom, "sum(profkit_errors_total)") in (None, 0.0)  # the example, as is
     print(json.dumps({"exported": len(exported), "workers": sorted(pids)}))
+
+
+def test_a_taken_metrics_port_does_not_stop_a_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """FLEET_METRICS_PORT taken (by another worker of the same server, or anyone): the worker
+    serves on a free port and announces that one, instead of failing its start-up."""
+    from examples.fleet import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("FLEET_METRICS_PORT", str(taken.getsockname()[1]))
+        monkeypatch.setenv("FLEET_TARGETS_DIR", str(tmp_path))
+        port = app.serve_metrics()
+        assert port != taken.getsockname()[1]
+    (target,) = json.loads((tmp_path / f"{os.getpid()}.json").read_text())
+    assert [f"127.0.0.1:{port}"] == target["targets"]
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).status_code == 200
