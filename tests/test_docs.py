@@ -112,8 +112,10 @@ def test_python_block_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A ```python block in the docs runs without error (asserts in it included) and prints
-    what its output comments say."""
+    what its output comments say. It runs with profkit's defaults, as a reader's does: not
+    with the suite's ``PROFKIT_COLD_CALLS=0`` (tests/conftest.py)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROFKIT_COLD_CALLS", raising=False)
     namespace = {"__name__": "__docs__"}
     try:
         exec(compile(code, f"docs/{page}:{line}", "exec"), namespace)
