@@ -88,6 +88,14 @@ _OUTCOMES = (
     "speculative_released",
     "metrics_shed",
 )
+#: the other integer ``stats()`` counters (not outcomes of a root call): ``profkit.counts``
+_COUNTS = (
+    "shared_label_calls",
+    "batch_members_unsampled",
+    "batch_members_invalid",
+    "batch_weights_invalid",
+    "otlp_spans_failed",
+)
 _EMPTY = otel_context.Context()
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 
@@ -118,6 +126,7 @@ class _Instruments:
             ("profkit.calls", "{call}", "profkit root calls by outcome (stats())"),
             ("profkit.windows", "{window}", "Profiler windows opened"),
             ("profkit.errors", "{error}", "profkit internal errors by reason"),
+            ("profkit.counts", "1", "the other stats() counters, by name"),
         ):
             callback = functools.partial(self._observe, name)
             meter.create_observable_counter(name, [callback], unit=unit, description=what)
@@ -164,6 +173,8 @@ def _counts(snap: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
     for reason, n in snap["dropped_reasons"].items():
         out["profkit.calls", (("profkit.outcome", "dropped"), ("profkit.reason", reason))] = n
     out["profkit.windows", ()] = int(snap["windows"])
+    for name in _COUNTS:
+        out["profkit.counts", (("profkit.counter", name),)] = int(snap[name])
     for reason, n in snap["error_reasons"].items():
         out["profkit.errors", (("profkit.reason", reason),)] = n
     return out

@@ -130,6 +130,42 @@ def test_counters_mirror_stats(
     assert stats["skipped_busy"] == by_outcome["skipped_busy"]
 
 
+def test_every_stats_counter_is_a_metric(reader: InMemoryMetricReader) -> None:
+    """Each integer counter of stats() is on one instrument (DESIGN: "the stats() counters
+    as OTel counters"): an outcome of ``profkit.calls``, ``profkit.windows``, the sums of
+    ``profkit.errors`` and of dropped calls, or ``profkit.counts`` by name."""
+
+    @profkit.profiled("work")
+    def work() -> int:
+        return 1
+
+    with capture(sample_every=2, metrics=True, meter_provider=_provider(reader)):
+        for _ in range(6):
+            work()
+        members = [profkit.batch_member() for _ in range(3)]  # no span: unsampled members
+        with profkit.batch("step", members):
+            pass
+        assert profkit.force_flush(10.0)
+        stats = profkit.stats()
+        metrics = _metrics(reader)
+    seen: dict[str, int] = {"windows": metrics["profkit.windows"].data.data_points[0].value}
+    seen["dropped"] = 0  # (its points are by reason)
+    for point in metrics["profkit.calls"].data.data_points:
+        outcome = point.attributes["profkit.outcome"]
+        seen[outcome] = seen.get(outcome, 0) + point.value
+    for point in metrics.get("profkit.counts", _Empty).data.data_points:
+        seen[point.attributes["profkit.counter"]] = point.value
+    seen["errors"] = sum(p.value for p in metrics.get("profkit.errors", _Empty).data.data_points)
+    counters = {k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)}
+    assert counters == {k: seen.get(k) for k in counters}
+    assert stats["batch_members_unsampled"] == 3
+
+
+class _Empty:
+    class data:  # shaped like a metric with no points
+        data_points: tuple[Any, ...] = ()
+
+
 def test_dropped_calls_counted_by_reason(
     reader: InMemoryMetricReader, mlp: torch.nn.Module, batch: torch.Tensor
 ) -> None:
