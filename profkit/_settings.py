@@ -222,10 +222,22 @@ SIGNAL = _meta(
         _or_none(_parse_text),
     )
 )
+
+
+def _activity_ok(value: Any) -> bool:
+    if not (isinstance(value, str) and value in ACTIVITIES):
+        return False
+    if value != "cuda":
+        return True  # ("cpu,cuda" without a device records the CPU, as "auto" does)
+    import torch  # (only for this rule: the table stays importable without torch)
+
+    return bool(torch.cuda.is_available())  # "cuda" alone without one: every start fails
+
+
 ACTIVITY = _meta(
     Setting(
-        lambda v: isinstance(v, str) and v in ACTIVITIES,
-        f"one of {ACTIVITIES}",
+        _activity_ok,
+        f'one of {ACTIVITIES} ("cuda" alone only where torch.cuda.is_available())',
         _parse_text,
         coerce=_activities,
     )

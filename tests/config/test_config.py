@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import structlog
+import torch
 from fresh_interpreter import run_fresh
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -210,3 +211,18 @@ def test_env_var_past_its_bound_warns_and_falls_back(monkeypatch: pytest.MonkeyP
     with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_SLOW_MS"):
         config = build_config({"capture_slow": True})
     assert config.slow_ms is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rule is for hosts without CUDA")
+def test_cuda_alone_without_a_device_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``activities="cuda"`` where torch sees no CUDA device would fail every window's start
+    (each sample dropped ``profiler_start_failed``): a ValueError naming the setting, or,
+    from the environment, a warning and the default."""
+    with pytest.raises(ValueError, match="activities"):
+        profkit.configure(activities="cuda")
+    monkeypatch.setenv("PROFKIT_ACTIVITIES", "cuda")
+    with pytest.warns(profkit.ProfkitConfigWarning, match="PROFKIT_ACTIVITIES"):
+        profkit.configure()
+    config = profkit.get_config()
+    assert config is not None
+    assert "auto" == config.activities
