@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from .._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, OpRow, ScopeSummary
 from .._records import CallRecord, ScopeRecord
-from .._text import clean
+from .._text import as_label, clean
 from .compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
 from .events import EventView, RawEvent
 from .steps import in_intervals, merged, steps_of
@@ -368,7 +368,7 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
     carry): bools, floats (nan, inf too) and int64 ints stay; the rest is a bounded string."""
     out: dict[str, AttrValue] = {}
     for key, value in list(attrs.items())[:max_count]:
-        name = clean(str(key), limit)
+        name = clean(as_label(key), limit)  # (a str() that raises: the type's name)
         if not name:  # an empty key: OTel's SDK would drop it with a warning on every span
             continue
         if isinstance(value, (bool, float)) or (
@@ -376,7 +376,7 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
         ):
             out[name] = value
         else:
-            out[name] = clean(str(value), limit)
+            out[name] = clean(as_label(value), limit)
     return out
 
 

@@ -82,3 +82,30 @@ def test_out_of_int64_becomes_its_string(value: int) -> None:
     assert _bounded_attrs({"k": value}, 64, 10) == {"k": str(value)}
     # and the string is bounded like any other
     assert len(_bounded_attrs({"k": 10**200}, 16, 10)["k"]) == 16  # type: ignore[arg-type]
+
+
+class Unprintable:
+    """An attribute value whose str() and repr() raise (a lazy proxy, a closed handle)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str boom")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr boom")
+
+
+def test_an_attribute_whose_str_raises_costs_that_attribute_only() -> None:
+    @profkit.profiled("weird", attributes={"w": Unprintable(), "ok": 1})
+    def weird() -> int:
+        with profkit.region("inner", w=Unprintable()):
+            return 7
+
+    with profkit.testing.capture(sample_every=1) as cap:
+        assert 7 == weird()
+        assert profkit.force_flush(10.0)
+    stats = cap.stats
+    assert (1, 0) == (stats["exported"], stats["dropped"]), stats["dropped_reasons"]
+    spans = {s.name: dict(s.attributes or {}) for s in cap.spans()}
+    assert "<Unprintable>" == spans["weird"]["w"]
+    assert 1 == spans["weird"]["ok"]
+    assert "<Unprintable>" == spans["inner"]["w"]
