@@ -5,7 +5,8 @@
 * ``python -m profkit report FILE...``: per label, a rollup of the JSON lines profkit wrote
   (samples, duration p50/p95, verdict counts, top ops by median self time) (:mod:`profkit._report`);
   ``--html OUT.html`` writes it as one self-contained page, with a waterfall per sample
-  (:mod:`profkit._html`).
+  (:mod:`profkit._html`); ``--baseline OTHER`` (only with ``--html``) shows other samples
+  beside them.
 * ``python -m profkit diff BEFORE AFTER``: per label, each op's and region's per-call time
   before and after, the ratio and whether the change is significant (:mod:`profkit._diff`).
 * ``python -m profkit --version``.
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _report.add_arguments(report)
     _html.add_arguments(report)
+    report.set_defaults(refuse=report.error)  # options that do not go together (main)
     changes = sub.add_parser(
         "diff",
         help="what changed between two sets of profkit JSON lines, per label",
@@ -55,11 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen command; its exit status."""
     args = build_parser().parse_args(argv)
-    if args.command == "report" and args.html:
+    if args.command == "report":
         from . import _html
 
-        return _html.run(args)
-    if args.command == "report":
+        problem = _html.refused(args)
+        if problem is not None:
+            args.refuse(problem)  # exits 2, the report's usage and the problem on stderr
+        if args.html:
+            return _html.run(args)
         from . import _report
 
         return _report.run(args)

@@ -17,9 +17,13 @@ change is **significant**:
 An op seen only after is new (``before_ms`` null), one seen only before is gone
 (``after_ms`` null); either is significant with ``MIN_SAMPLES`` a side unless it may only
 have fallen past ``top_k`` (the other side's "other" row has a median at least half as
-large). The human output lists each label's rows by impact (ms per call gained or lost,
-largest first); ``--json`` prints ``{"labels": {LABEL: {"samples": {...}, "ops":
-[{"op", "before_ms", "after_ms", "ratio", "significant", "p"}, ...], "regions": [...]}}}``.
+large). Compact log lines keep the top ``COMPACT_OPS`` ops and no region: an op or region
+only the other side lists, which they may have cut, is **unknown** (``?``; never
+significant), and each label's header says how many samples were compact lines. The human
+output lists each label's rows by impact (ms per call gained or lost, largest first;
+unknown rows last); ``--json`` prints ``{"labels": {LABEL: {"samples": {...},
+"compact_samples": {...}, "ops": [{"op", "before_ms", "after_ms", "ratio", "significant",
+"p", "unknown"}, ...], "regions": [...]}}}``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 from ._jsonlines import Sample, dumps, expand, lines, read, write
 from ._text import clean
+from .exporters.logs import COMPACT_OPS
 
 __all__ = [
     "ALPHA",
@@ -73,10 +78,16 @@ class Change:
     significant: bool
     p: float | None
     """The rank test's two-sided p (None: too few samples to test)."""
+    unknown: bool = False
+    """Listed on one side only, and the other side's samples cannot say whether it is there:
+    compact log lines, which keep the top ``COMPACT_OPS`` ops and no region (the missing
+    side's ``*_ms`` is None, as for a new or gone op; never significant)."""
 
     @property
     def impact_ms(self) -> float:
-        """ms per call gained (positive) or saved (negative)."""
+        """ms per call gained (positive) or saved (negative); 0 when :attr:`unknown`."""
+        if self.unknown:
+            return 0.0
         return (self.after_ms or 0.0) - (self.before_ms or 0.0)
 
 
@@ -90,6 +101,9 @@ class LabelDiff:
     """Samples read after (cold ones left out)."""
     ops: list[Change]
     regions: list[Change]
+    before_compact: int = 0
+    """Of the samples before, how many were compact log lines (top ops only, no regions)."""
+    after_compact: int = 0
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
@@ -143,15 +157,29 @@ def _median_ms(us: list[float]) -> float:
     return round(_median(us) / 1000.0, 6)
 
 
-def _one_side(name: str, seen: list[float], missing: list[Sample], new: bool) -> Change:
+def _one_side(name: str, seen: list[float], missing: list[Sample], new: bool, field: str) -> Change:
     """An op or region one side's samples list, the other's never: new (or gone). Significant
     with enough samples a side, unless it may hide in the other side's "other" row (past
-    ``top_k``: the median "other" row there is at least half this one's median)."""
+    ``top_k``: the median "other" row there is at least half this one's median), or past a
+    compact line's top ops (its smallest op at least half this one's median: then unknown).
+    A compact line shows no region: for a region the other side's compact samples say
+    nothing, and with none but those it is unknown."""
     median = _median_ms(seen)
-    hidden = _median([s.other_us for s in missing]) / 1000.0 >= median / 2
-    significant = min(len(seen), len(missing)) >= MIN_SAMPLES and not hidden and median > 0
+    evidence = [s for s in missing if field == "ops" or not s.compact]
+    hidden = bool(evidence) and _median([_hides(s) for s in evidence]) / 1000.0 >= median / 2
+    unknown = not evidence or (hidden and any(s.compact for s in evidence))
+    enough = min(len(seen), len(evidence)) >= MIN_SAMPLES
+    significant = enough and not hidden and not unknown and median > 0
     before, after = (None, median) if new else (median, None)
-    return Change(name, before, after, None, significant, None)
+    return Change(name, before, after, None, significant, None, unknown)
+
+
+def _hides(sample: Sample) -> float:
+    """How large (µs) an op the sample does not list may be: its "other" row; for a compact
+    line that lists its full ``COMPACT_OPS``, the smallest of them (the rest were cut)."""
+    if sample.compact:
+        return min(sample.ops.values()) if len(sample.ops) >= COMPACT_OPS else 0.0
+    return sample.other_us
 
 
 def _changes(before: list[Sample], after: list[Sample], field: str) -> list[Change]:
@@ -166,8 +194,8 @@ def _changes(before: list[Sample], after: list[Sample], field: str) -> list[Chan
         if b and a:
             out.append(_both(name, b, a))
         else:
-            out.append(_one_side(name, a or b, before if a else after, new=bool(a)))
-    return sorted(out, key=lambda c: (-abs(c.impact_ms), c.name))
+            out.append(_one_side(name, a or b, before if a else after, bool(a), field))
+    return sorted(out, key=lambda c: (c.unknown, -abs(c.impact_ms), c.name))
 
 
 def diff(before: list[Sample], after: list[Sample]) -> list[LabelDiff]:
@@ -179,7 +207,15 @@ def diff(before: list[Sample], after: list[Sample]) -> list[LabelDiff]:
             if not sample.cold:
                 groups.setdefault(sample.label, ([], []))[side].append(sample)
     out = [
-        LabelDiff(label, len(b), len(a), _changes(b, a, "ops"), _changes(b, a, "regions"))
+        LabelDiff(
+            label,
+            len(b),
+            len(a),
+            _changes(b, a, "ops"),
+            _changes(b, a, "regions"),
+            sum(s.compact for s in b),
+            sum(s.compact for s in a),
+        )
         for label, (b, a) in groups.items()
         if b and a
     ]
@@ -204,6 +240,9 @@ def render(diffs: list[LabelDiff]) -> str:
         head = f"{clean(d.label, _LIMIT)}  {d.before} samples before, {d.after} after"
         if min(d.before, d.after) < MIN_SAMPLES:
             head += f"  (significance needs {MIN_SAMPLES} a side)"
+        for side, n in (("before", d.before_compact), ("after", d.after_compact)):
+            if n:
+                head += f"  ({side}: {n} compact log lines: top {COMPACT_OPS} ops, no regions)"
         rows = [head]
         for kind, changes in (("op", d.ops), ("region", d.regions)):
             if not changes:
@@ -211,22 +250,33 @@ def render(diffs: list[LabelDiff]) -> str:
             rows.append(
                 f"  {kind:<34} {'before ms':>10} {'after ms':>10} {'ratio':>7} {'impact ms':>10}"
             )
-            for c in changes:
-                ratio = (
-                    "new"
-                    if c.before_ms is None
-                    else "gone"
-                    if c.after_ms is None
-                    else (f"{c.ratio:.2f}x" if c.ratio is not None else "-")
-                )
-                mark = "  *" if c.significant else ""
-                rows.append(
-                    f"  {clean(c.name, 34):<34} {_ms(c.before_ms):>10} {_ms(c.after_ms):>10}"
-                    f" {ratio:>7} {c.impact_ms:>+10.3f}{mark}"
-                )
+            rows.extend(_render_row(c) for c in changes)
         blocks.append("\n".join(rows) + "\n")
     note = f"* significant: Mann-Whitney p < {ALPHA} and a change of at least {MIN_CHANGE:.0%}\n"
+    if any(c.unknown for d in diffs for c in (*d.ops, *d.regions)):
+        note += (
+            "? unknown: the other side's compact log lines (structlog unconfigured) show only"
+            f" their top {COMPACT_OPS} ops and no regions\n"
+        )
     return "\n".join(blocks) + "\n" + note
+
+
+def _render_row(c: Change) -> str:
+    ratio = (
+        "?"
+        if c.unknown
+        else "new"
+        if c.before_ms is None
+        else "gone"
+        if c.after_ms is None
+        else (f"{c.ratio:.2f}x" if c.ratio is not None else "-")
+    )
+    impact = f"{'?':>10}" if c.unknown else f"{c.impact_ms:>+10.3f}"
+    mark = "  *" if c.significant else ""
+    return (
+        f"  {clean(c.name, 34):<34} {_ms(c.before_ms):>10} {_ms(c.after_ms):>10}"
+        f" {ratio:>7} {impact}{mark}"
+    )
 
 
 def _row(change: Change, key: str) -> dict[str, Any]:
@@ -237,15 +287,17 @@ def _row(change: Change, key: str) -> dict[str, Any]:
         "ratio": None if change.ratio is None else round(change.ratio, 4),
         "significant": change.significant,
         "p": None if change.p is None else float(f"{change.p:.3g}"),
+        "unknown": change.unknown,
     }
 
 
 def as_json(diffs: list[LabelDiff]) -> dict[str, Any]:
-    """``{"labels": {LABEL: {"samples", "ops", "regions"}}}``."""
+    """``{"labels": {LABEL: {"samples", "compact_samples", "ops", "regions"}}}``."""
     return {
         "labels": {
             d.label: {
                 "samples": {"before": d.before, "after": d.after},
+                "compact_samples": {"before": d.before_compact, "after": d.after_compact},
                 "ops": [_row(c, "op") for c in d.ops],
                 "regions": [_row(c, "region") for c in d.regions],
             }

@@ -6,7 +6,13 @@ calls' durations, the verdict counts, and the op table over the samples (median 
 time, p25-p75 spread, in how many samples each op appears). Per sample (the latest
 :data:`SAMPLES_PER_LABEL` of each label): a waterfall of its regions on the profiler's own
 timestamps (``start_us`` of each region, in µs after the call began) and its op table.
-``--baseline OTHER...`` puts another set of samples beside them ("before" / "after").
+``--baseline OTHER`` (once per file or quoted glob) puts another set of samples beside them
+("before" / "after").
+
+The page is the text report's rollup: cold samples are left out of all of it (header,
+tables, histograms, waterfalls) unless ``--include-cold``; ``--top N`` sets the op rows of
+each table (:data:`TOP` without it). A file that cannot be read, or input with no sample to
+show, writes no page (an existing one is left as it was) and exits 1.
 
 Everything the page prints from the files is HTML-escaped and cleaned of control
 characters (:func:`profkit._text.clean`).
@@ -33,7 +39,7 @@ __all__ = ["SAMPLES_PER_LABEL", "add_arguments", "page", "run"]
 SAMPLES_PER_LABEL = 50
 #: samples per label shown unfolded (the latest)
 OPEN = 2
-#: op rows per label table and per sample
+#: op rows per label table and per sample (``--top`` changes it)
 TOP = 10
 _BINS = 24
 _W = 760  # the SVGs' width in px (the content column)
@@ -52,58 +58,100 @@ svg{display:block;max-width:100%}svg text{font:11px system-ui,sans-serif;fill:#1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--html OUT`` and ``--baseline FILE...`` (on the report's parser)."""
+    """``--html OUT`` and ``--baseline OTHER`` (on the report's parser)."""
     parser.add_argument("--html", metavar="OUT", help="write the report as one HTML page")
     parser.add_argument(
         "--baseline",
-        nargs="+",
+        action="append",
         metavar="OTHER",
-        default=[],
-        help="with --html: samples to show beside FILE's, as 'before'",
+        help="with --html: a file or quoted glob of samples to show beside FILE's, as"
+        " 'before' (repeat it for more)",
     )
 
 
+def refused(args: argparse.Namespace) -> str | None:
+    """Why the report's options do not go together (None: they do)."""
+    if args.baseline and not args.html:
+        return (
+            "--baseline needs --html (the page shows OTHER beside FILE); to compare two"
+            " runs as text: python -m profkit diff BEFORE AFTER"
+        )
+    if args.html and args.json:
+        return "argument --json: not allowed with --html (one output at a time)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write the page to ``args.html``; 1 when a file cannot be read or none holds samples."""
+    """Write the page to ``args.html``; 1, and no page written (an existing one kept), when a
+    file cannot be read or there is no sample to show."""
     unreadable: list[str] = []
+    top = TOP if args.top is None else max(1, args.top)
     after, skipped = read(_lines(expand(args.files), unreadable))
-    before, skipped_before = read(_lines(expand(args.baseline), unreadable))
-    if not after and not unreadable:  # as the text report says it, and no empty page
-        _write(sys.stderr, "profkit report: no profkit.profile events found\n")
+    before, skipped_before = read(_lines(expand(args.baseline or []), unreadable))
+    shown = _kept(after, args.include_cold)
+    for problem in unreadable:
+        _write(sys.stderr, f"profkit report: {problem}\n")
+    if skipped + skipped_before:
+        noun = "line" if skipped + skipped_before == 1 else "lines"
+        _write(
+            sys.stderr,
+            f"profkit report: skipped {skipped + skipped_before} {noun} that could not be read\n",
+        )
+    if unreadable or not shown:
+        if not unreadable:  # as the text report says it
+            cold = len(after) - len(shown)
+            hint = f" ({cold} cold samples: --include-cold counts them)" if cold else ""
+            _write(sys.stderr, f"profkit report: no profkit.profile events found{hint}\n")
+        _write(sys.stderr, f"profkit report: {clean(args.html, 200)} not written\n")
         return 1
-    text = page(after, before, title=" ".join(args.files))
+    text = page(after, before, " ".join(args.files), top=top, include_cold=args.include_cold)
     try:
         with open(args.html, "w", encoding="utf-8") as out:
             out.write(text)
     except OSError as exc:
-        unreadable.append(f"cannot write {clean(args.html, 200)}: {exc.strerror or exc}")
-    for problem in unreadable:
+        problem = f"cannot write {clean(args.html, 200)}: {exc.strerror or exc}"
         _write(sys.stderr, f"profkit report: {problem}\n")
-    if skipped + skipped_before:
-        _write(sys.stderr, f"profkit report: skipped {skipped + skipped_before} unreadable lines\n")
-    return 0 if after and not unreadable else 1
+        return 1
+    return 0
+
+
+def _kept(samples: Sequence[Sample], include_cold: bool) -> list[Sample]:
+    """The samples the rollup counts: cold ones only with ``include_cold``."""
+    return [s for s in samples if include_cold or not s.cold]
 
 
 def _e(value: object, limit: int = 200) -> str:
     return html.escape(clean(str(value), limit), quote=True)
 
 
-def page(samples: Sequence[Sample], baseline: Sequence[Sample] = (), title: str = "") -> str:
-    """The whole page for ``samples`` (and ``baseline``, shown as "before")."""
-    now = {r.label: r for r in rollup(samples, top=TOP)}
-    then = {r.label: r for r in rollup(baseline, top=TOP)}
+def page(
+    samples: Sequence[Sample],
+    baseline: Sequence[Sample] = (),
+    title: str = "",
+    *,
+    top: int = TOP,
+    include_cold: bool = False,
+) -> str:
+    """The whole page for ``samples`` (and ``baseline``, shown as "before"): the rollup
+    :func:`profkit._report.rollup` gives, ``top`` op rows a table, cold samples left out of
+    every part of it unless ``include_cold``."""
+    kept, kept_before = _kept(samples, include_cold), _kept(baseline, include_cold)
+    now = {r.label: r for r in rollup(kept, top=top, include_cold=True)}
+    then = {r.label: r for r in rollup(kept_before, top=top, include_cold=True)}
+    cold = len(samples) - len(kept) + len(baseline) - len(kept_before)
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>profkit report {_e(title, 120)}</title><style>{_CSS}</style></head><body>",
         "<h1>profkit report</h1>",
-        f"<p class=meta>{len(samples)} samples of {len(now)} labels from {_e(title, 300)}"
-        + (f"; baseline: {len(baseline)} samples" if baseline else "")
+        f"<p class=meta>{len(kept)} samples of {len(now)} labels from {_e(title, 300)}"
+        + (f"; baseline: {len(kept_before)} samples" if baseline else "")
+        + (f"; {cold} cold samples left out (--include-cold counts them)" if cold else "")
         + ". One sample is noisy: read medians and counts over many.</p>",
     ]
     labels = list(now) + [label for label in then if label not in now]
     for number, label in enumerate(labels, 1):
-        mine = [s for s in samples if s.label == label]
-        section = _label_section(label, now.get(label), then.get(label), mine, baseline)
+        mine = [s for s in kept if s.label == label]
+        section = _label_section(label, now.get(label), then.get(label), mine, kept_before, top)
         parts.append(f"<section id=label-{number}>{section}</section>")
     parts.append("</body></html>\n")
     return "".join(parts)
@@ -115,6 +163,7 @@ def _label_section(
     then: LabelRollup | None,
     mine: list[Sample],
     baseline: Sequence[Sample],
+    top: int,
 ) -> str:
     theirs = [s for s in baseline if s.label == label]
     out = [f"<h2>{_e(label)}</h2>"]
@@ -132,7 +181,7 @@ def _label_section(
     if mine:
         shown = mine[-SAMPLES_PER_LABEL:]
         out.append(f"<h3>samples ({len(shown)} latest of {len(mine)})</h3>")
-        out.extend(_sample(s, i < OPEN) for i, s in enumerate(reversed(shown)))
+        out.extend(_sample(s, i < OPEN, top) for i, s in enumerate(reversed(shown)))
     return "".join(out)
 
 
@@ -201,7 +250,7 @@ def _bin(value: float, width: float) -> int:
     return min(_BINS - 1, int(value / width)) if width > 0 else 0
 
 
-def _sample(s: Sample, opened: bool) -> str:
+def _sample(s: Sample, opened: bool, top: int) -> str:
     event = s.event
     when = _e(event.get("start_time", ""), 40)
     head = f"{when} {s.duration_us / 1e3:.3f} ms {_e(s.verdict)}"
@@ -209,7 +258,7 @@ def _sample(s: Sample, opened: bool) -> str:
     trace = (
         f"<p class=meta>trace {_e(ids, 40)} span {_e(event.get('span_id'), 20)}</p>" if ids else ""
     )
-    ops = sorted(s.ops.items(), key=lambda kv: -kv[1])[:TOP]
+    ops = sorted(s.ops.items(), key=lambda kv: -kv[1])[:top]
     rows = "".join(f"<tr><td>{_e(n, 60)}</td><td>{us:.1f}</td></tr>" for n, us in ops)
     table = f"<table><tr><th>op</th><th>self CPU µs</th></tr>{rows}</table>"
     fold = "<details open>" if opened else "<details>"

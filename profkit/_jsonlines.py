@@ -53,6 +53,10 @@ class Sample:
     """The call was profiled while its label was cold (``cold`` / ``profkit.cold`` true)."""
     shares: list[float] = dataclasses.field(default_factory=list)
     """A batch (``profkit.batch``): each member's share of it (empty for any other call)."""
+    compact: bool = False
+    """Read from a compact log line (:func:`profkit.exporters.logs.parse_compact`): its ops
+    are the call's top ``COMPACT_OPS`` only, with no "other" row and no regions, so an op or
+    region it does not list is unknown rather than absent."""
     event: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """The ``profkit.profile`` event as read (regions, ids, start time: the HTML page's)."""
 
@@ -60,15 +64,16 @@ class Sample:
 _EVENTS = ("profkit.profile", "profkit.op")
 
 
-def _events(lines: Iterable[str], bad: list[int]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among ``lines`` whose ``event`` is one of profkit's; ``bad[0]``
-    counts the lines that look like JSON objects but do not parse."""
+def _events(lines: Iterable[str], bad: list[int]) -> Iterator[tuple[dict[str, Any], bool]]:
+    """The JSON objects among ``lines`` whose ``event`` is one of profkit's, each with
+    whether it was a compact log line; ``bad[0]`` counts the lines that look like JSON
+    objects but do not parse."""
     for line in lines:
         text = line.strip()
         if not text.startswith("{"):
             compact = parse_compact(text) if "profkit.profile" in text else None
             if compact is not None:  # the log exporter's line under structlog's defaults
-                yield compact
+                yield compact, True
             continue
         try:
             event = json.loads(text)
@@ -76,7 +81,7 @@ def _events(lines: Iterable[str], bad: list[int]) -> Iterator[dict[str, Any]]:
             bad[0] += 1
             continue
         if isinstance(event, dict) and event.get("event") in _EVENTS:
-            yield event
+            yield event, False
 
 
 def _number(value: Any) -> float | None:
@@ -120,7 +125,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
     samples: list[Sample] = []
     by_span: dict[str, Sample] = {}
     latest: dict[str, Sample] = {}
-    for event in _events(lines, bad):
+    for event, compact in _events(lines, bad):
         label = _key(event.get("label", "?"))
         if event["event"] == "profkit.profile":
             duration = _number(event.get("duration_us", 0.0))
@@ -130,6 +135,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
             verdict = _key(event.get("diagnosis")) or "none"
             sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
             sample.cold = event.get("cold") is True or event.get("profkit.cold") is True
+            sample.compact = compact
             sample.event = event
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():

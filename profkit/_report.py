@@ -206,7 +206,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "files", nargs="+", metavar="FILE", help="JSON lines written by profkit ('-' reads stdin)"
     )
-    parser.add_argument("--top", type=int, default=TOP_OPS, help=f"ops per label ({TOP_OPS})")
+    parser.add_argument(
+        "--top", type=int, help=f"op rows per label ({TOP_OPS}; on the --html page: 10)"
+    )
     parser.add_argument("--json", action="store_true", help="the rollup as JSON")
     parser.add_argument(
         "--include-cold",
@@ -222,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
     """
     unreadable: list[str] = []
     samples, skipped = read(lines(expand(args.files), unreadable))
-    rollups = rollup(samples, top=max(1, args.top), include_cold=args.include_cold)
+    top = TOP_OPS if args.top is None else max(1, args.top)
+    rollups = rollup(samples, top=top, include_cold=args.include_cold)
     if args.json:
         print(dumps([dataclasses.asdict(r) for r in rollups]))
     else:

@@ -181,6 +181,77 @@ def test_mann_whitney_matches_known_values() -> None:
     assert 0.0005 < p < 0.002  # exact 0.00016; the normal approximation says ~0.001
 
 
+def _compact(us: float) -> str:
+    """The log exporter's compact line (structlog unconfigured): the top 3 ops, no regions."""
+    ops = f"aten::addmm {us:.1f}us, aten::transpose 40.0us, aten::relu 9.0us"
+    return (
+        "2026-12-04 01:10:47 [info     ] profkit.profile                "
+        f"diagnosis=compute-bound duration_ms=1.346 label=predict ops='{ops}'"
+    )
+
+
+def _full(us: float) -> str:
+    """A json exporter's line: 5 ops (2 past the compact line's top 3), a small "other"
+    row, a region."""
+    rows = [
+        {"op": "aten::addmm", "self_cpu_us": us},
+        {"op": "aten::transpose", "self_cpu_us": 40.0},
+        {"op": "aten::relu", "self_cpu_us": 9.0},
+        {"op": "aten::linear", "self_cpu_us": 8.0},
+        {"op": "aten::t", "self_cpu_us": 7.0},
+        {"op": "other", "self_cpu_us": 0.5},
+    ]
+    region = {"region": "encode", "start_us": 1.0, "duration_us": 300.0, "parent": 0}
+    event = {"event": "profkit.profile", "label": "predict", "duration_us": 1346.0}
+    return json.dumps({**event, "regions": [region], "top_ops": rows})
+
+
+@pytest.mark.parametrize("compact_side", ["after", "before"])
+def test_what_compact_lines_cannot_show_is_unknown_not_gone(
+    compact_side: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Compact log lines keep the top 3 ops and no region: an op or region that only the
+    other side lists is unknown (never a significant "gone" or "new"), and the output says
+    which side is compact. (aten::linear and the region encode were once "gone *".)"""
+    full = [_full(100.0 + i) for i in range(12)]
+    compact = [_compact(100.0 + i) for i in range(12)]
+    before, after = (full, compact) if compact_side == "after" else (compact, full)
+    (d,) = _diff.diff(_jsonlines.read(before)[0], _jsonlines.read(after)[0])
+    by_name = {c.name: c for c in (*d.ops, *d.regions)}
+    for name in ("aten::linear", "aten::t", "encode"):
+        assert (True, False) == (by_name[name].unknown, by_name[name].significant), name
+    assert not by_name["aten::addmm"].unknown
+    (tmp_path / "before.log").write_text("\n".join(before), encoding="utf-8")
+    (tmp_path / "after.log").write_text("\n".join(after), encoding="utf-8")
+    paths = [str(tmp_path / "before.log"), str(tmp_path / "after.log")]
+    assert 0 == cli.main(["diff", *paths])
+    text = capsys.readouterr().out
+    assert "gone" not in text
+    assert " new " not in text
+    assert f"{compact_side}: 12 compact log lines" in text
+    linear = next(line for line in text.splitlines() if "aten::linear" in line)
+    assert linear.split()[-2:] == ["?", "?"]  # ratio and impact: unknown, not significant
+    assert 0 == cli.main(["diff", *paths, "--json"])
+    label = json.loads(capsys.readouterr().out)["labels"]["predict"]
+    compact_counts = {"before": 0, "after": 0, compact_side: 12}
+    assert compact_counts == label["compact_samples"]
+    rows = {row.get("op") or row.get("region"): row for row in label["ops"] + label["regions"]}
+    assert (True, False) == (rows["encode"]["unknown"], rows["encode"]["significant"])
+    assert not rows["aten::addmm"]["unknown"]
+
+
+def test_an_op_past_the_compact_top_3_on_both_sides_is_still_found() -> None:
+    """Compact lines on both sides: a new op too large to have been past the top 3 before
+    is new (and significant); the op it pushed out of the top 3 is unknown."""
+    before = [_compact(100.0)] * 10
+    after = [line.replace("aten::relu 9.0us", "aten::mm 80.0us") for line in before]
+    (d,) = _diff.diff(_jsonlines.read(before)[0], _jsonlines.read(after)[0])
+    by_name = {c.name: c for c in d.ops}
+    mm, relu = by_name["aten::mm"], by_name["aten::relu"]
+    assert (None, False, True) == (mm.before_ms, mm.unknown, mm.significant)
+    assert (True, False) == (relu.unknown, relu.significant)
+
+
 def test_report_and_diff_share_one_reading() -> None:
     """report reads JSON lines with the very functions diff uses."""
     assert _report.read is _jsonlines.read is _diff.read

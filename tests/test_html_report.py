@@ -8,10 +8,12 @@ The Chromium test keeps its screenshot in ``build/artifacts/html-report.png`` (C
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -185,3 +187,100 @@ def test_page_renders_in_chromium_without_console_errors(run_lines: str, tmp_pat
     taken = _headless(browser, out.as_uri(), f"--screenshot={shot}")
     assert 0 == taken.returncode, taken.stderr[-2000:]
     assert shot.stat().st_size > 10_000
+
+
+def _event(label: str, duration_us: float, *, cold: bool = False) -> str:
+    """A json exporter's line: one region, 12 ops (more than any page's op table shows)."""
+    rows = [{"op": f"aten::op{i:02}", "self_cpu_us": 100.0 - i} for i in range(12)]
+    region = {"region": "encode", "start_us": 1.0, "duration_us": duration_us / 2, "parent": 0}
+    event = {"event": "profkit.profile", "label": label, "duration_us": duration_us}
+    return json.dumps({**event, "cold": cold, "regions": [region], "top_ops": rows}) + "\n"
+
+
+def _counts(text: str) -> dict[str, Any]:
+    """What the page says about how many samples it shows, in each of the places it says it."""
+    header = re.findall(r"<p class=meta>(\d+) samples of (\d+) labels", text)
+    return {
+        "header": header,
+        "baseline": re.findall(r"baseline: (\d+) samples", text),
+        "labels": re.findall(r"<h2>([^<]*)</h2>", text),
+        "tables": re.findall(r"<p>(\d+) samples, duration", text),
+        "lists": re.findall(r"<h3>samples \((\d+) latest of (\d+)\)</h3>", text),
+        "histogram": sum(int(n) for n in re.findall(r"after: (\d+) samples", text)),
+        "waterfalls": text.count("<svg") - text.count("samples per bin"),
+    }
+
+
+def test_cold_samples_are_left_out_everywhere_unless_included(tmp_path: Path) -> None:
+    """The page is the text report's rollup: cold samples left out of the header, the
+    label tables, the histograms and the sample lists alike (a cold-only label is not
+    counted), and all of them counted with ``--include-cold``. (The header once counted
+    31 samples where the label table said 20.)"""
+    src, base, out = tmp_path / "cold.jsonl", tmp_path / "base.jsonl", tmp_path / "cold.html"
+    warm = [_event("predict", 1000.0 + i) for i in range(20)]
+    cold = [_event("predict", 5000.0, cold=True)] * 10 + [_event("only_cold", 9.0, cold=True)]
+    src.write_text("".join(cold[:10] + warm + cold[10:]), encoding="utf-8")
+    base.write_text("".join(warm[:5] + cold[:3]), encoding="utf-8")
+    assert 0 == cli.main(["report", "--html", str(out), str(src), "--baseline", str(base)])
+    assert {
+        "header": [("20", "1")],
+        "baseline": ["5"],
+        "labels": ["predict"],
+        "tables": ["5", "20"],  # before, after
+        "lists": [("20", "20")],
+        "histogram": 20,
+        "waterfalls": 20,
+    } == _counts(out.read_text(encoding="utf-8"))
+    assert 0 == cli.main(["report", "--html", str(out), str(src), "--include-cold"])
+    assert {
+        "header": [("31", "2")],
+        "baseline": [],
+        "labels": ["predict", "only_cold"],
+        "tables": ["30", "1"],
+        "lists": [("30", "30"), ("1", "1")],
+        "histogram": 31,
+        "waterfalls": 31,
+    } == _counts(out.read_text(encoding="utf-8"))
+
+
+def test_top_sets_the_op_rows_of_the_page(tmp_path: Path) -> None:
+    """``--top N``: N op rows in each label's table and in each sample's; 10 without it."""
+    src, out = tmp_path / "run.jsonl", tmp_path / "top.html"
+    src.write_text("".join(_event("predict", 1000.0) for _ in range(4)), encoding="utf-8")
+
+    def rows_per_table() -> list[int]:
+        tables = out.read_text(encoding="utf-8").split("<table>")[1:]
+        return [table.split("</table>")[0].count("<tr>") - 1 for table in tables]
+
+    assert 0 == cli.main(["report", "--html", str(out), str(src), "--top", "3"])
+    assert [3] * 5 == rows_per_table()  # the label's table, then 4 samples'
+    assert 0 == cli.main(["report", "--html", str(out), str(src)])
+    assert [10] * 5 == rows_per_table()
+
+
+@pytest.mark.parametrize("where", ["files", "baseline", "cold only"])
+def test_a_page_is_never_replaced_by_an_empty_one(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped path (as FILE or as ``--baseline``), or input with nothing to show, leaves
+    an existing page as it was: exit 1, what went wrong on stderr, no page written. (A
+    mistyped path once replaced a report with an empty page.)"""
+    src, out = tmp_path / "run.jsonl", tmp_path / "report.html"
+    src.write_text("".join(_event("predict", 1000.0) for _ in range(3)), encoding="utf-8")
+    assert 0 == cli.main(["report", "--html", str(out), str(src)])
+    before = out.read_bytes()
+    capsys.readouterr()
+    missing = str(tmp_path / "runn.jsonl")
+    if where == "cold only":
+        (tmp_path / "cold.jsonl").write_text(_event("p", 9.0, cold=True), encoding="utf-8")
+        argv = [str(tmp_path / "cold.jsonl")]
+    else:
+        argv = [missing] if where == "files" else [str(src), "--baseline", missing]
+    assert 1 == cli.main(["report", "--html", str(out), *argv])
+    err = capsys.readouterr().err
+    assert before == out.read_bytes()
+    assert f"{out} not written" in err
+    if where == "cold only":
+        assert "no profkit.profile events found" in err
+    else:
+        assert f"cannot read {missing}" in err
