@@ -16,6 +16,7 @@ from ._capture.window import started_before_fork
 from ._config import Config, build_config
 from ._deadline import timeout_s
 from ._label.scope import GLOBAL
+from ._sampling import check_trigger
 from ._session import Session
 from ._stats import Stats, StatsSnapshot
 from ._targeting import signals as _signals
@@ -200,19 +201,22 @@ def get_config() -> Config | None:
     return session.config if session is not None else None
 
 
-def trigger(n: int = 1, *, label: str | None = None) -> None:
-    """Profile the next ``n`` root calls whatever the sampler says (no-op before configure).
+def trigger(n: int = 1, *, label: str | None = None) -> int:
+    """Profile the next ``n`` root calls whatever the sampler says; how many were added (0
+    before ``configure()`` or after ``shutdown()``: nothing to profile them).
 
     With ``label``, the next ``n`` root calls of that label only (others are not counted).
     At most 1000 triggers are pending at once, any label and per label together: a trigger
-    beyond that keeps the 1000 and does not raise.
+    beyond that keeps the 1000, adds fewer (the return value says how many) and does not
+    raise.
 
     Raises:
-        ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
+        ValueError: ``n`` is not an int >= 1, or ``label`` is not a str (with a session or
+            without one).
     """
+    check_trigger(n, label)
     session = get_session()
-    if session is not None:
-        session.trigger(n, label)
+    return session.trigger(n, label) if session is not None else 0
 
 
 def stats() -> StatsSnapshot:

@@ -30,6 +30,7 @@ __all__ = [
     "Sampler",
     "TraceIdRatio",
     "Triggered",
+    "check_trigger",
     "trace_id_bound",
 ]
 
@@ -208,6 +209,18 @@ class RateLimiter:
         return False
 
 
+def check_trigger(n: object, label: object) -> None:
+    """``profkit.trigger``'s arguments, checked with a session or without one.
+
+    Raises:
+        ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
+
+
 class Triggered:
     """``trigger(n)``: the next n root calls are profiled whatever the sampler says.
 
@@ -248,10 +261,7 @@ class Triggered:
         Raises:
             ValueError: ``n`` is not an int >= 1, or ``label`` is not a str.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"profkit.trigger(n): n must be an int >= 1, got {n!r}")
-        if label is not None and not isinstance(label, str):
-            raise ValueError(f"profkit.trigger(label=): a label is a str, got {label!r}")
+        check_trigger(n, label)
         with self._lock:
             self._settle()  # signals folded in (and capped) first: they count too
             n = min(n, MAX_PENDING - self._any - self._labelled)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import profkit
 from profkit._sampling import (
     COLD,
     EveryN,
@@ -118,3 +120,28 @@ def test_a_trigger_for_another_label_costs_other_calls_no_lock() -> None:
     assert not trig.pending
     trig.signalled()  # a signal's trigger applies to any label: the lock path again
     assert trig.take("predict")
+
+
+@pytest.mark.parametrize("bad", [{"n": -1}, {"n": "3"}, {"n": True}, {"n": 1, "label": 7}])
+def test_trigger_checks_its_arguments_with_a_session_or_without(bad: dict[str, object]) -> None:
+    """trigger()'s ValueError does not depend on whether profkit is configured yet: code
+    that passes the wrong thing learns it in a test run without a session too."""
+    with pytest.raises(ValueError, match="trigger"):
+        profkit.trigger(**bad)  # type: ignore[arg-type]
+    profkit.configure(sample_every=10**9, exporters=())
+    with pytest.raises(ValueError, match="trigger"):
+        profkit.trigger(**bad)  # type: ignore[arg-type]
+    profkit.shutdown()
+    with pytest.raises(ValueError, match="trigger"):
+        profkit.trigger(**bad)  # type: ignore[arg-type]
+
+
+def test_trigger_says_how_many_it_added() -> None:
+    """At most 1000 pending: the return value says how many of ``n`` were added (0 with no
+    session to profile them)."""
+    assert 0 == profkit.trigger(5)
+    profkit.configure(sample_every=10**9, exporters=())
+    assert 990 == profkit.trigger(990)
+    assert 10 == profkit.trigger(50, label="x")
+    assert 0 == profkit.trigger(1)
+    profkit.shutdown()
