@@ -284,9 +284,16 @@ def _from_env(name: str, environ: Mapping[str, str]) -> tuple[bool, Any]:
     return True, value
 
 
+def _coerced(name: str, value: Any) -> Any:
+    try:
+        return setting(name).coerce(value)
+    except ValueError as exc:  # (a PathLike whose __fspath__ raised): name the setting
+        raise ValueError(f"profkit setting {name!r}: {exc}") from None
+
+
 def build_config(overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     """Validate ``overrides`` strictly, fill the rest from ``environ`` leniently, build a Config."""
-    values = {name: setting(name).coerce(value) for name, value in overrides.items()}
+    values = {name: _coerced(name, value) for name, value in overrides.items()}
     validate(values)
     env = os.environ if environ is None else environ
     sampling_given = "sample_every" in values or "sample_rate" in values

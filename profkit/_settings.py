@@ -82,12 +82,29 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(f"not a boolean: {raw!r}")
 
 
+#: what a number in an environment variable may look like: ASCII, no ``_`` separators
+#: (``int()`` and ``float()`` also take ``5_0`` and other scripts' digits, as 50 and 3)
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I
+)
+
+
 def _parse_int(raw: str) -> int:
-    return int(raw.strip())
+    text = raw.strip()
+    if not _INT.fullmatch(text):
+        raise ValueError(f"not an integer: {raw!r}")
+    return int(text)
 
 
 def _parse_float(raw: str) -> float:
-    return float(raw.strip())
+    text = raw.strip()
+    if not _FLOAT.fullmatch(text):
+        raise ValueError(f"not a number: {raw!r}")
+    value = float(text)
+    if value == 0.0 and re.search(r"[1-9]", text.lower().split("e")[0]):
+        raise ValueError(f"{raw!r} is too small to tell from 0")  # (1e-400: off, silently)
+    return value
 
 
 def _parse_text(raw: str) -> str | None:
@@ -95,7 +112,14 @@ def _parse_text(raw: str) -> str | None:
 
 
 def _parse_names(raw: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
+    """Comma-separated names; ``none`` for no name at all (an empty value is a mistake: it
+    would silently drop every sample as ``no_exporter``)."""
+    if raw.strip().lower() == "none":
+        return ()
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not names:
+        raise ValueError("empty: unset it for the default, or write 'none' for no name")
+    return names
 
 
 def _or_none(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -208,7 +232,12 @@ def _listed(value: Any) -> Any:
 
 
 def _path(value: Any) -> Any:
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(value, os.PathLike):
+        return value
+    try:
+        return os.fspath(value)
+    except Exception as exc:  # (its __fspath__ raised: a ValueError naming the setting)
+        raise ValueError(f"its __fspath__() raised {type(exc).__name__}: {exc}") from exc
 
 
 def _has(value: Any, *methods: str) -> bool:
@@ -257,8 +286,8 @@ EXPORTER_NAMES = _meta(
 )
 DIRECTORY = _meta(
     Setting(
-        lambda v: v is None or (isinstance(v, str) and "\0" not in v),
-        "a path (no NUL character) or None",
+        lambda v: v is None or (isinstance(v, str) and v != "" and "\0" not in v),
+        "a path (not empty, no NUL character) or None",
         _or_none(_parse_text),
         accepts="str | os.PathLike[str] | None",
         coerce=_path,

@@ -226,3 +226,43 @@ def test_cuda_alone_without_a_device_is_refused(monkeypatch: pytest.MonkeyPatch)
     config = profkit.get_config()
     assert config is not None
     assert "auto" == config.activities
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("PROFKIT_SAMPLE_EVERY", "5_0"),  # int() reads 50
+        ("PROFKIT_SAMPLE_EVERY", "\u0663"),  # int() reads ARABIC-INDIC DIGIT THREE as 3
+        ("PROFKIT_SAMPLE_RATE", "1e-400"),  # float() reads 0.0: sampling off, silently
+        ("PROFKIT_EXPORT_TIMEOUT", "1_0"),
+        ("PROFKIT_EXPORTERS", ""),  # every sample dropped no_exporter
+        ("PROFKIT_EXPORTERS", " , "),
+    ],
+)
+def test_env_values_python_reads_loosely_warn_and_fall_back(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str
+) -> None:
+    """What a person would not have meant (a separator, another script's digit, a rate that
+    underflows, an empty list) is a bad value: warned about, and the default applies."""
+    monkeypatch.setenv(var, raw)
+    with pytest.warns(profkit.ProfkitConfigWarning, match=var):
+        config = build_config({})
+    default = build_config({}, environ={})
+    name = var.removeprefix("PROFKIT_").lower()
+    assert getattr(default, name) == getattr(config, name)
+
+
+def test_none_in_the_environment_means_no_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROFKIT_EXPORTERS", "none")
+    assert () == build_config({}).exporters
+
+
+class RaisingPath:
+    def __fspath__(self) -> str:
+        raise RuntimeError("no path for you")
+
+
+@pytest.mark.parametrize("bad", ["", RaisingPath()], ids=["empty", "fspath-raises"])
+def test_a_bad_trace_dir_is_a_value_error_naming_it(bad: object) -> None:
+    with pytest.raises(ValueError, match="trace_dir"):
+        profkit.configure(trace_dir=bad)  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ def env_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(value) or "none"  # (an empty value is refused: a mistake)
     return repr(value) if isinstance(value, float) else str(value)
 
 
