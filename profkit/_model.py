@@ -149,7 +149,9 @@ class BatchMemberSummary:
     share: float
     """Its part of the batch: 1/size, or its weight over the sum of the weights."""
     sampled: bool = True
-    """Its trace is sampled (or it had no span): it gets a member span in its trace."""
+    """Its trace is sampled: it gets a member span in its trace. False for a member in an
+    unsampled trace or with no span at all (no trace to put one in); both are counted in
+    ``stats()["batch_members_unsampled"]``."""
     trace_id: str = ""
     """Hex trace id of its member span once the span step recorded it (else empty)."""
     span_id: str = ""
