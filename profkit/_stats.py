@@ -190,7 +190,7 @@ class Stats:
             self._logged.add(reason)
         if first:
             log.warning(
-                "profkit internal error in %s (further ones are only counted)",
+                "profkit: %s (counted in stats()['error_reasons']; further ones are only counted)",
                 reason,
                 exc_info=exc,
             )
