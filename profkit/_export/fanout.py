@@ -33,9 +33,6 @@ __all__ = ["Fanout", "build_exporters"]
 
 #: an exporter's shutdown() is called even after the deadline passed, and waited for this long
 _MIN_SHUTDOWN_S = 0.01
-#: the most seconds handed to an exporter's force_flush/shutdown: ``None`` ("wait") is a day
-#: to it, a number every clock, lock and ``timeout_millis`` can take
-_MAX_GIVEN_S = 86_400.0
 
 
 class _Adapted(Exporter):
@@ -258,16 +255,16 @@ class Fanout:
     def _settle(
         self, what: str, deadline: Deadline, runners: list[_Runner], method: str, least: float = 0
     ) -> bool:
-        """Call ``method`` of every runner's exporter at once with the time left (capped: an
-        exporter gets a number it can use), then wait for each against ``deadline``."""
-        given = min(deadline.left(), _MAX_GIVEN_S)
+        """Call ``method`` of every runner's exporter at once with the time left as it starts
+        (at most ``runner.MAX_GIVEN_S``: a number it can use), then wait for each against
+        ``deadline``."""
         jobs = []
         for runner in runners:
             if deadline.passed and not least:
                 jobs.append((runner, (False, TimeoutError(f"no time left for {runner.name!r}"))))
                 continue
-            fn = functools.partial(getattr(runner.exporter, method), given)
-            jobs.append((runner, runner.submit(fn, flush=what == "flush")))
+            fn = getattr(runner.exporter, method)  # given the time left as it starts
+            jobs.append((runner, runner.submit(fn, what == "flush", deadline)))
         ok = True
         for runner, job in jobs:
             wait = deadline.wait_arg()  # (a shutdown: at least a moment each, for fast ones)

@@ -2,7 +2,10 @@
 
 See :class:`Runner`. A job whose every waiter gave up before it started is cancelled, so a
 window counted dropped is never delivered after all; an ``async def`` exporter method (whose
-coroutine no one would run) is an error, not a call that succeeded.
+coroutine no one would run) is an error, not a call that succeeded. Every change to the
+runner's state is made with signals held (:func:`profkit._compat.hold_signals`): a signal
+handler's exception cannot leave a job half-queued, and a handler that flushes cannot find
+one; the waits themselves are not held.
 """
 
 from __future__ import annotations
@@ -14,35 +17,52 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._compat import hold_signals
+from .._deadline import Deadline
 from .._stats import Stats
 from ..exporters import Exporter
 
-__all__ = ["Runner"]
+__all__ = ["MAX_GIVEN_S", "Runner"]
+
+#: the most seconds handed to an exporter's force_flush/shutdown: ``None`` ("wait") is a day
+#: to it, a number every clock, lock and ``timeout_millis`` can take
+MAX_GIVEN_S = 86_400.0
 
 
 class _Job:
     """One call on a runner: queued, running, then done; or cancelled before it ran (every
-    caller waiting for it gave up), so a window counted dropped is never delivered later."""
+    caller waiting for it gave up), so a window counted dropped is never delivered later.
 
-    __slots__ = ("cancelled", "done", "flush", "fn", "result", "started", "waiters")
+    A flush's or a shutdown's ``fn`` takes the seconds to give the exporter, worked out as
+    it starts from the latest deadline of its waiters (callers flushing at once share it).
+    """
 
-    def __init__(self, fn: Callable[[], Any], flush: bool) -> None:
+    __slots__ = ("cancelled", "deadlines", "done", "flush", "fn", "result", "started", "waiters")
+
+    def __init__(self, fn: Callable[..., Any], flush: bool, deadline: Deadline | None) -> None:
         self.fn = fn
         self.flush = flush
+        self.deadlines = [deadline] if deadline is not None else None
         self.done = threading.Event()
         self.result: Any = None
         self.started = self.cancelled = False
         self.waiters = 1
+
+    def run(self) -> Any:
+        if self.deadlines is None:
+            return self.fn()
+        return self.fn(min(max(d.left() for d in self.deadlines), MAX_GIVEN_S))
 
 
 class Runner:
     """A daemon thread that runs one exporter's calls, so a hang can be timed out.
 
     An export queues behind a flush (a flush is no hang) and a flush behind anything, sharing
-    one not yet started; once a caller's wait timed out the runner is *stuck* and refuses the
-    next export at once until it is idle again. The thread starts on the first call: a forked
-    child that never exports never starts one. After :meth:`close` it exits as soon as the
-    call it is running (if any) returns.
+    one queued and not started. Once an export's wait timed out (a hang: ``export_timeout``)
+    the runner is *stuck* and refuses the next export at once until it is idle again; a
+    flush whose caller gave up early (a health check's short timeout) marks nothing. The
+    thread starts on the first call: a forked child that never exports never starts one.
+    After :meth:`close` it exits as soon as the call it is running (if any) returns.
     """
 
     def __init__(self, exporter: Exporter, stats: Stats, thread: str = "") -> None:
@@ -51,7 +71,7 @@ class Runner:
         self.name = exporter.name or type(exporter).__name__
         self._thread_name = f"profkit-{thread or self.name}"
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._lock = threading.RLock()  # (re-entered by a signal handler that flushes)
+        self._lock = threading.RLock()
         self._live: list[_Job] = []  # queued or running, in order
         self._stuck = False
         self._thread: threading.Thread | None = None
@@ -72,78 +92,80 @@ class Runner:
                 job.started = True
             cpu0 = time.thread_time()
             try:
-                job.result = _not_awaitable(job.fn())
+                job.result = _not_awaitable(job.run())
             except BaseException as exc:
                 job.result = exc
             finally:
                 try:
                     self.stats.cpu.charge(time.thread_time() - cpu0)  # before the caller goes on
                 finally:
-                    self._retire(job)
+                    with self._lock:
+                        if job in self._live:
+                            self._live.remove(job)
+                        if not self._live:
+                            self._stuck = False
                     job.done.set()
 
-    def _retire(self, job: _Job) -> None:
-        with self._lock:
-            if job in self._live:
-                self._live.remove(job)
-            if not self._live:
-                self._stuck = False
-
-    def call(
-        self, fn: Callable[[], Any], timeout: float | None, flush: bool = False
-    ) -> tuple[bool, Any]:
-        """Run ``fn`` on the runner: (finished in time, result or exception)."""
+    def call(self, fn: Callable[[], Any], timeout: float | None) -> tuple[bool, Any]:
+        """Run ``fn`` (an export) on the runner: (finished in time, result or exception)."""
         if timeout is not None and timeout <= 0:
             return False, TimeoutError(f"no time left for exporter {self.name!r}")
-        return self.wait(self.submit(fn, flush), timeout)
+        return self.wait(self.submit(fn), timeout)
 
-    def submit(self, fn: Callable[[], Any], flush: bool = False) -> Any:
+    def submit(
+        self, fn: Callable[..., Any], flush: bool = False, deadline: Deadline | None = None
+    ) -> Any:
         """Start ``fn`` on the runner (or join the flush queued); :meth:`wait` for what
         this returns. A stuck runner, or one busy with anything but flushes, refuses an
         export (or a shutdown) at once; a flush always queues, for as long as its caller
-        waits."""
-        if self._closed:  # e.g. force_flush() on a session that was shut down
-            return True, RuntimeError(f"exporter {self.name!r} was shut down")
-        with self._lock:
+        waits. With ``deadline``, ``fn`` takes the seconds left (see :class:`_Job`)."""
+        with hold_signals(), self._lock:
+            if self._closed:  # e.g. force_flush() on a session that was shut down
+                return True, RuntimeError(f"exporter {self.name!r} was shut down")
             live = self._live
             if live and not flush and (self._stuck or not all(j.flush for j in live)):
                 return False, TimeoutError(
                     f"exporter {self.name!r} still busy with an earlier call"
                 )
-            if flush and live and live[-1].flush and not live[-1].started:
-                live[-1].waiters += 1  # its answer is this caller's too
-                return live[-1]
-            job = _Job(fn, flush)
-            live.append(job)
+            last = live[-1] if live else None
+            if flush and last is not None and last.flush and not last.started:
+                last.waiters += 1  # its answer is this caller's too, given its time
+                if deadline is not None and last.deadlines is not None:
+                    last.deadlines.append(deadline)
+                return last
+            job = _Job(fn, flush, deadline)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name=self._thread_name, daemon=True
                 )
                 self._thread.start()
             self._jobs.put(job)
+            live.append(job)
         return job
 
     def wait(self, job: Any, timeout: float | None) -> tuple[bool, Any]:
         """(finished in time, result or exception) of a :meth:`submit`."""
         if not isinstance(job, _Job):  # refused: (finished, why)
             return job  # type: ignore[no-any-return]
-        if not job.done.wait(timeout):
-            with self._lock:
-                if not job.done.is_set():
-                    job.waiters -= 1
-                    if not job.waiters and not job.started:
-                        job.cancelled = True  # never runs: it was counted as not done
-                        self._live.remove(job)
-                    self._stuck = bool(self._live)
-                    return False, TimeoutError(
-                        f"exporter {self.name!r} took longer than {timeout}s"
-                    )
-        return True, job.result
+        if job.done.wait(timeout):
+            return True, job.result
+        with hold_signals(), self._lock:
+            if job.done.is_set():
+                return True, job.result
+            job.waiters -= 1
+            if not job.waiters and not job.started:
+                job.cancelled = True  # never runs: it was counted as not done
+                if job in self._live:
+                    self._live.remove(job)
+            if not job.flush and self._live:
+                self._stuck = True  # an export past export_timeout: a hang, until idle
+        return False, TimeoutError(f"exporter {self.name!r} took longer than {timeout}s")
 
     def close(self) -> None:
-        self._closed = True
-        if self._thread is not None:
-            self._jobs.put(None)
+        with hold_signals(), self._lock:
+            self._closed = True
+            if self._thread is not None:
+                self._jobs.put(None)  # after every job queued: they run, then the thread ends
 
 
 def _not_awaitable(result: Any) -> Any:

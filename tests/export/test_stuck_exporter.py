@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from fresh_interpreter import run_fresh
 
 import profkit
 from profkit import WindowSummary
@@ -238,3 +239,17 @@ def test_a_flush_overlapping_a_shutdown_that_drops_its_window_says_false() -> No
         release.set()
     assert {"flush": False, "shutdown": False} == results
     assert {"shutdown": 1} == profkit.stats()["dropped_reasons"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("what", ["raise", "flush"])
+def test_a_signal_at_any_line_of_a_runner_leaves_it_working(what: str) -> None:
+    """A handler that raises (Ctrl-C) or flushes, landing at each line of the runner's
+    submit and wait: the runner's state stays whole (a job half-queued wedged it for good; a
+    handler joining a job never queued, or one cancelled, waited its whole timeout, for ever
+    with None, or made the caller's flush raise ValueError)."""
+    rc, report, err = run_fresh("runner_signal_every_line", what, timeout=280)
+    assert rc == 0, err[-3000:]
+    assert [] == report["key_missed"]  # the lines where it wedged were among those hit
+    assert [] == report["failures"]
+    assert report["shutdown"] is True
