@@ -203,7 +203,8 @@ def get_config() -> Config | None:
 
 def trigger(n: int = 1, *, label: str | None = None) -> int:
     """Profile the next ``n`` root calls whatever the sampler says; how many were added (0
-    before ``configure()`` or after ``shutdown()``: nothing to profile them).
+    before ``configure()``, after ``shutdown()`` or with ``enabled=False``: nothing to
+    profile them).
 
     With ``label``, the next ``n`` root calls of that label only (others are not counted).
     At most 1000 triggers are pending at once, any label and per label together: a trigger
@@ -216,7 +217,9 @@ def trigger(n: int = 1, *, label: str | None = None) -> int:
     """
     check_trigger(n, label)
     session = get_session()
-    return session.trigger(n, label) if session is not None else 0
+    if session is None or not session.config.enabled:  # (enabled=False: calls run plain)
+        return 0
+    return session.trigger(n, label)
 
 
 def stats() -> StatsSnapshot:

@@ -27,6 +27,9 @@ MAX_OPS = 64
 #: ``(profkit.label, profkit.op)`` series of ``profkit.op.self_time`` in all
 MAX_OP_SERIES = 1800
 OTHER = "other"
+#: labels as given (raw, or cleaned and cut) remembered: a few per recorded label; past it a
+#: label is cleaned again at each drain (off the request path), never remembered
+_MAX_KEYS = 4 * MAX_LABELS
 
 
 class SeriesBounds:
@@ -34,7 +37,7 @@ class SeriesBounds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # only where a new attribute set is made
-        self._labels: dict[str, dict[str, str]] = {}  # by the label as given
+        self._labels: dict[tuple[str, int], dict[str, str]] = {}  # by the label as given
         self._values: dict[str, dict[str, str]] = {}  # by the label as recorded
         self._ops: dict[str, dict[str, dict[str, str]]] = {}
         self._named = 0  # op series with an op's own name (not a label's "other")
@@ -45,11 +48,12 @@ class SeriesBounds:
         comes raw (a call's duration) or cleaned already (its op rows), so both instruments
         share one series and no string the encoders refuse leaves (a lone surrogate fails a
         whole Prometheus scrape)."""
-        attrs = self._labels.get(label)
+        key = (label, limit)  # (sessions on one provider may cut labels differently)
+        attrs = self._labels.get(key)
         if attrs is not None:
             return attrs
         with self._lock:
-            attrs = self._labels.get(label)
+            attrs = self._labels.get(key)
             if attrs is None:
                 value = clean(label, limit)
                 attrs = self._values.get(value)
@@ -57,7 +61,8 @@ class SeriesBounds:
                     if len(self._values) >= MAX_LABELS:
                         value = OTHER
                     attrs = self._values.setdefault(value, {"profkit.label": value})
-                self._labels[label] = attrs
+                if len(self._labels) < _MAX_KEYS:  # (labels from user input: bounded too)
+                    self._labels[key] = attrs
             return attrs
 
     def op(self, label: str, op: str) -> dict[str, str]:

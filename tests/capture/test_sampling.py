@@ -144,4 +144,6 @@ def test_trigger_says_how_many_it_added() -> None:
     assert 990 == profkit.trigger(990)
     assert 10 == profkit.trigger(50, label="x")
     assert 0 == profkit.trigger(1)
+    profkit.configure(enabled=False)
+    assert 0 == profkit.trigger(3)  # calls run plain: nothing will take them
     profkit.shutdown()

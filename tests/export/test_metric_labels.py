@@ -79,3 +79,37 @@ def test_a_hostile_label_does_not_break_a_prometheus_scrape() -> None:
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "app_requests" in names  # the application's own series survive
     assert "profkit_call_duration_seconds" in names
+
+
+def test_labels_from_user_input_keep_the_cache_bounded() -> None:
+    """Past 256 labels every new one is recorded as ``other``; the labels remembered on the
+    way stay bounded too (each distinct raw label used to be kept for ever)."""
+    from profkit._export.bounds import MAX_LABELS, SeriesBounds
+
+    bounds = SeriesBounds()
+    values = {bounds.label(f"/item/{i}", 256)["profkit.label"] for i in range(20_000)}
+    assert len(values) == MAX_LABELS + 1  # 256 labels and "other"
+    assert len(bounds._labels) <= 4 * MAX_LABELS
+
+
+def test_sessions_cutting_labels_differently_keep_one_series_each() -> None:
+    """Two sessions on one MeterProvider with different ``max_attribute_length``: in each,
+    the duration and the op rows of a label carry the cut its spans carry."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    label = "y" * 100
+    for limit in (80, 30):
+
+        @profkit.profiled(label)
+        def predict(x: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x, x)
+
+        with capture(
+            sample_every=1, metrics=True, meter_provider=provider, max_attribute_length=limit
+        ):
+            predict(torch.ones(8, 8))
+            assert profkit.force_flush(10.0)
+    durations = _label_values(reader, "profkit.call.duration")
+    ops = _label_values(reader, "profkit.op.self_time")
+    assert {80, 30} == {len(v) for v in durations}
+    assert set(durations) == set(ops)
