@@ -185,9 +185,9 @@ class Session(Decider):
         deadline = Deadline(timeout)
         self.active = False
         wait_for_other_thread(self.keeper, deadline)
-        self.close_idle_window()
-        win = SLOT.held
-        left_open = win is not None and win.keeper is self.keeper and win.in_flight > 0
+        close_idle(self.keeper, stopping=True)  # (one recording all threads: from here too)
+        win = SLOT.held  # still held: a call in flight, or idle on its live thread (its next
+        left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):

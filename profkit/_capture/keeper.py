@@ -1,12 +1,10 @@
 """The owner of a window's life: the one module that opens, joins, cuts short, closes and
 discards profiler windows (a test holds every other module to it). :class:`WindowKeeper`
-is one session's: it opens windows for the calls the decision (``decide``) chose, joins
-calls to them, hands closed ones to its export pipeline. The module functions act on the
-window that holds the slot, whatever session opened it (``Window.keeper``): the
-``max_window_s`` checkpoint, the thread-end guard, the exit stop, the fork reset. The
-window-lifetime rule (docs/reliability.md): a window whose calls have all ended closes at
-once, unless ``window`` > 1 or ``warmup`` > 0 asked for more calls in it.
-"""
+is one session's: it opens windows for the calls ``decide`` chose, joins calls to them,
+hands closed ones to its pipeline. The module functions act on the window holding the slot,
+whatever session opened it: the ``max_window_s`` checkpoint, the thread-end guard, the exit
+stop, the fork reset. A window whose calls have all ended closes at once, unless ``window``
+> 1 or ``warmup`` > 0 asked for more calls in it (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -286,16 +284,18 @@ def held_here(keeper: WindowKeeper) -> Window | None:
     return None
 
 
-def close_idle(keeper: WindowKeeper) -> None:
-    """Let go of ``keeper``'s window that waits for more calls, if any (shutdown). On its own
-    thread it closes now; if that thread has exited it is discarded now; otherwise that
-    thread's next root call (under any session) closes it."""
+def close_idle(keeper: WindowKeeper, stopping: bool = False) -> None:
+    """Let go of ``keeper``'s window that waits for more calls, if any. On its own thread it
+    closes now, and so does one recording all threads when ``stopping`` (shutdown: no root
+    call joins it, and any thread can stop it); if its thread has exited it is discarded
+    now; otherwise that thread's next root call (under any session) closes it."""
     win = SLOT.held
     if win is None or win.keeper is not keeper or win.in_flight:
         return  # none, or its running call closes it on exit (the session is inactive)
-    if win.owner_thread is threading.current_thread():
+    here, alive = win.owner_thread is threading.current_thread(), win.owner_thread.is_alive()
+    if here or (stopping and alive and win.config.all_threads):
         keeper.close_window(win)
-    elif not win.owner_thread.is_alive():
+    elif not alive:
         _discard_if_still(win, "owner_exited")
 
 

@@ -16,7 +16,7 @@ from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 import profkit
-from profkit.testing import capture
+from profkit.testing import CaptureExporter, capture
 
 
 def run_script(name: str, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -116,3 +116,65 @@ def test_the_prepare_hook_is_not_installed_by_import() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert 0 == proc.returncode, proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_stops_an_idle_all_threads_window_held_by_a_pool_thread() -> None:
+    """``window=2, all_threads=True``: a window opened on a pool thread waits there for a
+    second call. It records every thread, so ``shutdown()`` on another thread stops it
+    (any thread can): no profiler left running after shutdown, its call exported."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    @profkit.profiled("pooled")
+    def pooled() -> float:
+        return float(torch.ones(4).sum())
+
+    profkit.configure(
+        sample_every=1,
+        cold_calls=0,
+        exporters=(),
+        extra_exporters=[CaptureExporter()],
+        window=2,
+        all_threads=True,
+    )
+    with ThreadPoolExecutor(1) as pool:
+        assert 4.0 == pool.submit(pooled).result()  # the pool thread stays alive, idle
+        assert profkit.shutdown(5.0) is True
+        assert not torch.autograd.profiler._is_profiler_enabled
+        stats = profkit.stats()
+    assert (1, 1) == (stats["sampled"], stats["exported"]), stats
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_with_an_idle_window_on_another_live_thread_says_false() -> None:
+    """A thread-local ``window=3`` waits on its live thread for more calls; ``shutdown()``
+    from another thread cannot stop it (a thread-local profiler stops on its own thread),
+    so its call is not exported: shutdown returns False, and that thread's next root call
+    counts it dropped ("shutdown")."""
+    import threading
+
+    ready, go = threading.Event(), threading.Event()
+
+    def owner() -> None:
+        _work()
+        ready.set()
+        go.wait(30)
+        _work()  # its next root call, after shutdown: lets the window go
+
+    profkit.configure(sample_every=1, cold_calls=0, exporters=(), window=3)
+    thread = threading.Thread(target=owner)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        assert profkit.shutdown(2.0) is False
+    finally:
+        go.set()
+        thread.join(30)
+    stats = profkit.stats()
+    assert 1 == stats["sampled"]
+    assert {"shutdown": 1} == stats["dropped_reasons"]
+
+
+@profkit.profiled("work")
+def _work() -> float:
+    return float(torch.ones(3).sum())
