@@ -235,3 +235,29 @@ def test_a_generator_step_that_runs_a_loop_keeps_its_ops_after_it(all_threads: b
     ops = {s.label: {r.name for r in s.ops if r.name.startswith("aten::")} for s in call.scopes}
     assert {"aten::relu", "aten::tanh", "aten::mm"} <= ops["nested_loop_stream"], ops
     assert "aten::mm" not in ops["nested_loop_fetch"]
+
+
+@profkit.profiled("loop_window")
+async def _loop_window() -> float:
+    await asyncio.sleep(0)
+    return float(torch.ones(4).sum())
+
+
+@pytest.mark.timeout(60)
+def test_a_window_waiting_on_an_event_loop_is_cut_at_max_window_s() -> None:
+    """``window=3`` opened by a coroutine: the loop then runs only unlabelled work, so no
+    profkit call comes on that thread to cut the window at ``max_window_s``. The loop is
+    asked to (a timer): the profiler stops, the call is exported."""
+
+    async def main() -> bool:
+        assert 4.0 == await _loop_window()
+        x = torch.ones(8)
+        for _ in range(60):  # 0.6 s of unlabelled work, past max_window_s
+            x = x.add(1)
+            await asyncio.sleep(0.01)
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+
+    with capture(sample_every=1, cold_calls=0, window=3, max_window_s=0.2) as cap:
+        assert asyncio.run(main()) is False  # stopped while the loop still ran
+        assert profkit.force_flush(30.0)
+    assert 1 == cap.stats["exported"]
