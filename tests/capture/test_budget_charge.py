@@ -329,11 +329,21 @@ def test_the_decision_of_calls_left_unprofiled_is_charged_one_timed_call_in_256(
     CPU that nothing charged). One root call in 256 is timed on its thread's CPU clock and
     charged 256 times what its decision took, less what the two clock reads cost (here a
     clock that moves 1 µs a read, of which 0.4 µs is the reads' own)."""
+    ticks = iter(range(0, 10**12, 1000))
+    spent, fixed, roots = _decisions_charged(monkeypatch, lambda: next(ticks), 400, 256 * 25)
+    assert roots == 1 + 256 * 25  # the timed calls are counted once, like every other
+    assert spent == pytest.approx(25 * 256 * 0.6e-6)  # 25 timed calls, 0.6 µs each, x256
+    assert spent == pytest.approx(fixed)
+
+
+def _decisions_charged(
+    monkeypatch: pytest.MonkeyPatch, clock: Callable[[], int], clock_cost: int, calls: int
+) -> tuple[float, float, int]:
+    """(CPU charged, of it as decisions, root calls) for ``calls`` off-sample root calls
+    after a label's first (its pick), with ``clock`` as the thread's CPU clock."""
     from profkit._capture import decide
 
-    ticks = iter(range(0, 10**12, 1000))
-    monkeypatch.setattr(decide, "_thread_ns", lambda: next(ticks), raising=False)
-    monkeypatch.setattr(decide, "clock_cost_ns", lambda: 400, raising=False)
+    monkeypatch.setattr(decide, "clock_cost_ns", lambda: clock_cost, raising=False)
 
     @profkit.profiled("cheap")
     def handler() -> int:
@@ -344,14 +354,12 @@ def test_the_decision_of_calls_left_unprofiled_is_charged_one_timed_call_in_256(
         assert session is not None
         assert handler() == 1  # the label's first call: its pick (1 in N), its window
         session.force_flush(10.0)
-        spent0, fixed_before = session.stats.cpu.spent, session.stats.cpu.fixed
-        for _ in range(256 * 25):
+        monkeypatch.setattr(decide, "_thread_ns", clock, raising=False)
+        cpu = session.stats.cpu
+        spent0, fixed0 = cpu.spent, cpu.fixed
+        for _ in range(calls):
             assert handler() == 1
-        spent = session.stats.cpu.spent - spent0
-        roots = profkit.stats()["root_calls"]
-    assert roots == 1 + 256 * 25  # the timed calls are counted once, like every other
-    assert spent == pytest.approx(25 * 256 * 0.6e-6)  # 25 timed calls, 0.6 µs each, x256
-    assert spent == pytest.approx(session.stats.cpu.fixed - fixed_before)
+        return cpu.spent - spent0, cpu.fixed - fixed0, profkit.stats()["root_calls"]
 
 
 def test_a_timed_decision_a_collection_ran_inside_is_charged_the_typical_one(
@@ -360,8 +368,6 @@ def test_a_timed_decision_a_collection_ran_inside_is_charged_the_typical_one(
     """Each timed decision is charged the median of the last nine: one that a garbage
     collection or a signal handler ran inside (40 µs here, in one sample of 27) would be
     charged 256 times over (the review measured budget lock-outs from it)."""
-    from profkit._capture import decide
-
     took = [1000] * 27
     took[13] = 40_000
 
@@ -375,23 +381,8 @@ def test_a_timed_decision_a_collection_ran_inside_is_charged_the_typical_one(
         while True:
             yield now
 
-    monkeypatch.setattr(decide, "clock_cost_ns", lambda: 0, raising=False)
-
-    @profkit.profiled("cheap")
-    def handler() -> int:
-        return 1
-
-    with capture(sample_every=10**9, cold_calls=0, exporters=()):
-        session = get_session()
-        assert session is not None
-        assert handler() == 1  # the label's first call: its pick, timed but not charged
-        session.force_flush(10.0)
-        ticks = clock()
-        monkeypatch.setattr(decide, "_thread_ns", lambda: next(ticks), raising=False)
-        spent0 = session.stats.cpu.spent
-        for _ in range(256 * 27):
-            assert handler() == 1
-        spent = session.stats.cpu.spent - spent0
+    ticks = clock()
+    spent, _, _ = _decisions_charged(monkeypatch, lambda: next(ticks), 0, 256 * 27)
     assert spent == pytest.approx(27 * 256 * 1e-6)  # the outlier charged 1 µs, not 40
 
 
