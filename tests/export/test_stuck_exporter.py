@@ -21,8 +21,8 @@ def work() -> int:
     return 1
 
 
-def _settings() -> dict[str, object]:
-    return {"sample_every": 1, "cold_calls": 0, "max_per_minute": None}
+#: every call sampled, from the first, no rate cap
+SETTINGS: dict[str, object] = {"sample_every": 1, "cold_calls": 0, "max_per_minute": None}
 
 
 class GatedFlush:
@@ -56,7 +56,7 @@ def _settled(deadline_s: float = 20.0) -> dict[str, object]:
 
 def test_a_window_dropped_behind_a_stuck_flush_is_never_delivered() -> None:
     exporter = GatedFlush("stuck")
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,), export_timeout=0.2)  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,), export_timeout=0.2)  # type: ignore[arg-type]
     try:
         work()
         assert profkit.force_flush(0.3) is False  # the exporter's flush hangs
@@ -77,7 +77,7 @@ def test_a_window_dropped_behind_a_stuck_flush_is_never_delivered() -> None:
 
 def test_callers_flushing_at_once_all_get_the_flushs_answer() -> None:
     exporter = GatedFlush("slow")
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
     work()
     results: dict[int, bool] = {}
 
@@ -102,7 +102,7 @@ def test_callers_flushing_at_once_all_get_the_flushs_answer() -> None:
 def test_a_stuck_flush_gets_no_other_exporter_blamed() -> None:
     stuck, healthy = GatedFlush("stuck"), GatedFlush("healthy")
     healthy.gate.set()
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(stuck, healthy))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(stuck, healthy))  # type: ignore[arg-type]
     try:
         work()
         assert profkit.force_flush(0.5) is False
@@ -132,7 +132,7 @@ def test_waiting_as_long_as_it_takes_reaches_an_exporter_as_a_usable_number(how:
             seen.append(timeout)
             threading.Lock().acquire(timeout=timeout)
 
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(LockedFlush(),))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(LockedFlush(),))  # type: ignore[arg-type]
     work()
     assert getattr(profkit, how)(None) is True
     assert seen
@@ -156,7 +156,7 @@ class KeywordOnlyFlush:
 
 def test_a_keyword_only_timeout_is_passed_by_keyword() -> None:
     exporter = KeywordOnlyFlush()
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
     work()
     assert profkit.force_flush(5.0) is True
     assert 1 == len(exporter.timeouts)
@@ -176,7 +176,7 @@ class AsyncExporter:
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # (no "never awaited" left behind)
 def test_an_async_def_exporter_is_an_error_not_a_delivery() -> None:
     exporter = AsyncExporter()
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
     work()
     assert profkit.force_flush(5.0) is False
     stats = profkit.stats()
@@ -204,7 +204,7 @@ class FailingShutdown:
 @pytest.mark.parametrize("hang", [False, True], ids=["raises", "hangs"])
 def test_an_exporter_whose_shutdown_fails_makes_shutdown_false(hang: bool) -> None:
     exporter = FailingShutdown("closing", hang)
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
     try:
         work()
         assert profkit.shutdown(0.5) is False
@@ -224,7 +224,7 @@ def test_a_flush_overlapping_a_shutdown_that_drops_its_window_says_false() -> No
             entered.set()
             release.wait(30)
 
-    profkit.configure(**_settings(), exporters=(), extra_exporters=(Slow(),), export_timeout=30)  # type: ignore[arg-type]
+    profkit.configure(**SETTINGS, exporters=(), extra_exporters=(Slow(),), export_timeout=30)  # type: ignore[arg-type]
     try:
         work()
         assert entered.wait(10)
