@@ -34,16 +34,18 @@ def may_open() -> bool:
 
 
 def wait_for_other_thread(keeper: Any, deadline: Deadline) -> None:
-    """Wait while ``keeper`` has calls in flight in a window on another thread.
+    """Wait while ``keeper`` has calls in flight in a window on another thread, or that
+    thread is closing it (a full window whose calls ended is about to close: stopping a
+    large one takes seconds), so that it is handed off before the pipeline shuts.
 
     It polls: the request path that frees the slot takes no Python-level lock or
     condition (a signal's exception landing inside one would leave it taken).
     """
     while not deadline.passed:
         win = SLOT.held
-        if win is None or win.keeper is not keeper:
+        if win is None or win.keeper is not keeper or win.owner == threading.get_ident():
             return
-        if not win.in_flight or win.owner == threading.get_ident():
+        if not (win.in_flight or win.close_running or win.full):
             return
         time.sleep(min(deadline.left(), _POLL_S))
 

@@ -155,6 +155,8 @@ class WindowKeeper:
         counter = "warmup_calls" if warm else "sampled"
         spec = policy is Policy.SPECULATIVE
         self.stats.join(win.calls, call, "speculative" if spec else counter)
+        if win.closing:  # joined as shutdown closed it from another thread: nothing recorded
+            call.truncated = call.truncated or "shutdown"
         return call
 
     def spend_rate_token(self) -> bool:
@@ -221,10 +223,8 @@ class WindowKeeper:
 
     def truncate(self, win: Window, reason: str) -> None:
         """Stop ``win`` now, on its thread, though calls still run in it; export what it has.
-
         Their open ranges are closed first (so the profile has them), later scopes of those
-        calls record nothing, and each call says why it was cut short (``truncated``).
-        """
+        calls record nothing, and each call says why it was cut short (``truncated``)."""
         for call in win.calls:
             call.stopped = True
             if not call.done and call.truncated is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -178,3 +179,92 @@ def test_shutdown_with_an_idle_window_on_another_live_thread_says_false() -> Non
 @profkit.profiled("work")
 def _work() -> float:
     return float(torch.ones(3).sum())
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_waits_for_a_window_its_thread_is_still_closing() -> None:
+    """A sampled call on another thread ends while ``shutdown()`` waits; stopping its window
+    (20,000 ops) takes a while on that thread. shutdown waits for the hand-off: the call is
+    exported and the result is True (the pipeline shut first and dropped it "shutdown")."""
+    import threading
+
+    started = threading.Event()
+
+    @profkit.profiled("big")
+    def big() -> float:
+        started.set()
+        x = torch.ones(2)
+        for _ in range(20_000):
+            x = x.add(1)
+        return float(x.sum())
+
+    profkit.configure(
+        sample_every=1, cold_calls=0, exporters=(), extra_exporters=[CaptureExporter()]
+    )
+    thread = threading.Thread(target=big)
+    thread.start()
+    assert started.wait(30)
+    ok = profkit.shutdown(60.0)
+    thread.join(60)
+    stats = profkit.stats()
+    assert (1, 1, 0) == (stats["sampled"], stats["exported"], stats["dropped"]), stats
+    assert ok is True
+
+
+@pytest.mark.timeout(120)
+def test_a_call_joining_as_shutdown_closes_the_window_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``all_threads`` + ``window=3``: the owner thread's next root call has found the window
+    (it has room) just as ``shutdown()`` on another thread closes it. The call joins a window
+    that records nothing more: it is exported saying so (``truncated="shutdown"``), not as a
+    complete call with no ops. (A pause in the owner's decision widens the race.)"""
+    import threading
+
+    from profkit._capture import decide
+    from profkit._capture import keeper as keeper_module
+
+    passed, closed, go = threading.Event(), threading.Event(), threading.Event()
+    armed = [False]
+    held_here, close_window = decide.held_here, keeper_module.WindowKeeper.close_window
+
+    def pausing_held_here(keeper: Any) -> Any:
+        win = held_here(keeper)
+        if armed[0] and win is not None and threading.current_thread().name == "owner":
+            passed.set()
+            closed.wait(10)
+        return win
+
+    def noting_close(self: Any, win: Any) -> None:
+        close_window(self, win)
+        if threading.current_thread() is threading.main_thread():
+            closed.set()
+            time.sleep(0.2)  # the owner joins now
+
+    monkeypatch.setattr(decide, "held_here", pausing_held_here)
+    monkeypatch.setattr(keeper_module.WindowKeeper, "close_window", noting_close)
+    cap = CaptureExporter()
+    profkit.configure(
+        sample_every=1,
+        cold_calls=0,
+        exporters=(),
+        extra_exporters=[cap],
+        window=3,
+        all_threads=True,
+    )
+
+    def owner() -> None:
+        _work()
+        go.wait(10)
+        armed[0] = True
+        _work()
+
+    thread = threading.Thread(target=owner, name="owner")
+    thread.start()
+    time.sleep(0.2)
+    go.set()
+    assert passed.wait(10)
+    profkit.shutdown(5.0)
+    thread.join(10)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert [None, "shutdown"] == [c.truncated for c in cap.calls]
