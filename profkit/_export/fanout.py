@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -139,6 +140,8 @@ class Fanout:
         self._warned_no_provider = False
         #: windows given to the exporters, and how many of them the last good flush covered
         self._exported = self._flushed = 0
+        self._shutdown_lock = threading.RLock()  # (a signal handler's shutdown: re-entered)
+        self._shut: bool | None = None  # the first shutdown's answer
 
     def _all(self) -> list[_Runner]:
         return ([self._spans] if self._spans is not None else []) + self._runners
@@ -244,13 +247,18 @@ class Fanout:
 
     def shutdown(self, deadline: Deadline) -> bool:
         """Shut every exporter down at once within the one deadline; runner threads then
-        exit. True when each returned in time without raising (``shutdown_<kind>:<name>``)."""
-        ok = self._settle("shutdown", deadline, self._all(), "shutdown", _MIN_SHUTDOWN_S)
-        for runner in self._all():
-            runner.close()
-        if self._span_flush is not None:
-            self._span_flush.close()
-        return ok
+        exit. True when each returned in time without raising (``shutdown_<kind>:<name>``).
+        Once: a second shutdown (a session shut down again, or at once from two threads:
+        ``configure()`` retiring it) waits for the first and gives its answer."""
+        with self._shutdown_lock:
+            if self._shut is None:
+                ok = self._settle("shutdown", deadline, self._all(), "shutdown", _MIN_SHUTDOWN_S)
+                for runner in self._all():
+                    runner.close()
+                if self._span_flush is not None:
+                    self._span_flush.close()
+                self._shut = ok
+            return self._shut
 
     def _settle(
         self, what: str, deadline: Deadline, runners: list[_Runner], method: str, least: float = 0
@@ -277,7 +285,9 @@ class Fanout:
         return ok
 
     def at_fork_reinit(self) -> None:
-        """In a forked child: the runner threads did not survive the fork; new ones, lazily."""
+        """In a forked child: the runner threads did not survive the fork; new ones, lazily
+        (and a lock another thread held at the fork is a new one)."""
+        self._shutdown_lock = threading.RLock()
         if self._spans is not None:
             self._spans = _Runner(self._spans.exporter, self.stats)
             self._span_flush = _Runner(self._spans.exporter, self.stats, "otel-flush")
