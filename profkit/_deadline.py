@@ -7,7 +7,11 @@ import numbers
 import threading
 import time
 
-__all__ = ["Deadline", "timeout_s"]
+__all__ = ["MAX_GIVEN_S", "Deadline", "timeout_s"]
+
+#: the most seconds handed to an exporter's or a provider's flush/shutdown: ``None``
+#: ("wait") is a day to it, a number every clock, lock and ``timeout_millis`` can take
+MAX_GIVEN_S = 86_400.0
 
 
 def timeout_s(timeout: object) -> float:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -51,21 +52,17 @@ _CONTROLS = 9
 MAX_BASELINES = 256
 
 
-_clock_cost: list[int] = []
-
-
+@functools.cache
 def clock_cost_ns() -> int:
     """What two back-to-back ``time.thread_time_ns()`` reads measure (a system call each on
     Linux, ~0.7-0.9 µs): subtracted from a timed decision, which it would inflate 256 times
     over. The median of 31 pairs, measured once per process."""
-    if not _clock_cost:
-        read = time.thread_time_ns
-        pairs = []
-        for _ in range(31):
-            t0 = read()
-            pairs.append(read() - t0)
-        _clock_cost.append(sorted(pairs)[15])
-    return _clock_cost[0]
+    read = time.thread_time_ns
+    pairs = []
+    for _ in range(31):
+        t0 = read()
+        pairs.append(read() - t0)
+    return sorted(pairs)[15]
 
 
 class CpuMeter:

@@ -87,13 +87,13 @@ def _timeout_arg(fn: Callable[..., Any] | None) -> Callable[[float], tuple[Any, 
         return lambda timeout: ((), {})
     first = params[0]
     millis = "millis" in first.name
+
+    def value(timeout: float) -> float | int:
+        return int(timeout * 1000) if millis else timeout
+
     if first.kind is first.KEYWORD_ONLY:  # force_flush(self, *, timeout=...)
-        if millis:
-            return lambda timeout: ((), {first.name: int(timeout * 1000)})
-        return lambda timeout: ((), {first.name: timeout})
-    if millis:
-        return lambda timeout: ((int(timeout * 1000),), {})
-    return lambda timeout: ((timeout,), {})
+        return lambda timeout: ((), {first.name: value(timeout)})
+    return lambda timeout: ((value(timeout),), {})
 
 
 def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]]:
@@ -264,7 +264,7 @@ class Fanout:
         self, what: str, deadline: Deadline, runners: list[_Runner], method: str, least: float = 0
     ) -> bool:
         """Call ``method`` of every runner's exporter at once with the time left as it starts
-        (at most ``runner.MAX_GIVEN_S``: a number it can use), then wait for each against
+        (at most ``MAX_GIVEN_S``: a number it can use), then wait for each against
         ``deadline``."""
         jobs = []
         for runner in runners:

@@ -18,15 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .._compat import hold_signals
-from .._deadline import Deadline
+from .._deadline import MAX_GIVEN_S, Deadline
 from .._stats import Stats
 from ..exporters import Exporter
 
-__all__ = ["MAX_GIVEN_S", "Runner"]
-
-#: the most seconds handed to an exporter's force_flush/shutdown: ``None`` ("wait") is a day
-#: to it, a number every clock, lock and ``timeout_millis`` can take
-MAX_GIVEN_S = 86_400.0
+__all__ = ["Runner"]
 
 
 class _Job:

@@ -137,8 +137,7 @@ def _decorate(
         return property(getter, prop.fset, prop.fdel, prop.__doc__)
     if kind_of is functools.cached_property:  # its first read is the call
         return functools.cached_property(_decorate(func.func, name, attributes))  # type: ignore[attr-defined]
-    label = (name if isinstance(name, str) else as_label(name)) if name is not None else ""
-    label = label or default_label(func)
+    label = (as_label(name) if name is not None else "") or default_label(func)
     if check_route:
         warn_if_route(func, label)
     kind = _kind(func)

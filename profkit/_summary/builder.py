@@ -341,9 +341,10 @@ def _attribute(
     elsewhere = any(m is not None and m.thread != home for m in marks[1:])
     exact = root_mark is not None and (elsewhere or not all_threads)
     own: list[list[EventView]] = []
+    memo: dict[int, list[tuple[int, int]]] = {}  # each task's merged steps, once
     for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
-        steps = steps_of(call, i, intervals)
+        steps = steps_of(call, i, intervals, memo)
         if mark is None and rec.thread != root.thread:
             own.append([])  # it ran on a thread the profiler did not record
         elif exact:

@@ -41,18 +41,24 @@ def merged(intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def steps_of(
-    call: CallRecord, i: int, intervals: Sequence[tuple[int, int]] | None
+    call: CallRecord,
+    i: int,
+    intervals: Sequence[tuple[int, int]] | None,
+    memo: dict[int, list[tuple[int, int]]],
 ) -> Sequence[tuple[int, int]] | None:
     """When scope ``i`` ran: the call's (merged) ``intervals`` for the root, which its child
     tasks' steps are part of; for a nested scope, its task's: its child task's (its own, or
     an enclosing scope's in that task: a decorated coroutine run by ``asyncio.gather``), else
-    the root task's own steps, not its child tasks' (which ran beside the scope)."""
+    the root task's own steps, not its child tasks' (which ran beside the scope). ``memo``
+    (one per call) keeps each scope's merged steps: scopes of one task share them."""
     if i == 0:
         return intervals
-    while i > 0:
-        rec = call.scopes[i]
-        if rec.intervals is not None:
-            return merged(rec.intervals)
-        i = rec.parent
-    own = call.scopes[0].intervals
-    return merged(own) if own is not None else intervals
+    while i > 0 and call.scopes[i].intervals is None:
+        i = call.scopes[i].parent
+    own = call.scopes[i].intervals
+    if own is None:
+        return intervals
+    found = memo.get(i)
+    if found is None:
+        found = memo[i] = merged(own)
+    return found

@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
+from .._deadline import MAX_GIVEN_S
 from .._model import BatchSummary, CallSummary, ErrorText, OpRow, ScopeSummary, WindowSummary
 from .._text import clip
 from .._version import __version__
@@ -31,8 +32,6 @@ __all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_at
 TRACER_NAME = "profkit"
 #: OTel's default span attribute count limit; profkit stays under it
 _MAX_SPAN_ATTRIBUTES = 128
-#: longest flush wait handed to a provider (an infinite timeout is capped here)
-_MAX_FLUSH_S = 86_400.0
 #: longest per-op array on a span
 _MAX_ROWS = 32
 #: op name column of ``profkit.ops.table``
@@ -251,7 +250,7 @@ class SpanExporter(Exporter):
         flush = getattr(self._provider, "force_flush", None)
         if flush is None:
             return True
-        return bool(flush(int(min(timeout, _MAX_FLUSH_S) * 1000)))
+        return bool(flush(int(min(timeout, MAX_GIVEN_S) * 1000)))
 
 
 def _member_spans(
