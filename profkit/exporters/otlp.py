@@ -17,9 +17,13 @@ The OTLP exporter packages are optional: ``pip install 'profkit[otlp]'``.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 import os
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -159,30 +163,56 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     (``OTEL_BSP_MAX_QUEUE_SIZE``, 2048: a collector slower than the span rate), with only a
     log line; a dropped span of profkit's is counted like a failed export
     (``otlp_spans_failed``, ``error_reasons["otlp_queue_full"]``), so ``force_flush()`` says
-    False. Reads the SDK's queue (1.x's ``BatchProcessor``): where it is not found, nothing
-    is counted and spans go on as in the plain processor.
+    False. The SDK's queue (1.x's ``BatchProcessor._queue``) is replaced by one that sees
+    each drop as it happens, under the lock its worker also takes out batches with (a check
+    before queuing would count a span the worker took out meanwhile). Where that queue is not
+    found, nothing is counted and spans go on as in the plain processor.
     """
 
-    def on_end(self, span: ReadableSpan) -> None:
-        try:
-            dropped = self._about_to_drop(span)
-        except Exception:  # (the SDK's internals moved: count nothing, never fail a span)
-            dropped = None
-        super().on_end(span)
-        if dropped is not None and _is_profkits(dropped):
-            exporter = self.span_exporter
-            counters = exporter._counters() if isinstance(exporter, CountingSpanExporter) else None
-            if counters is not None:
-                counters.add(SPANS_FAILED, 1)
-                counters.error(QUEUE_FULL_REASON, None)
-
-    def _about_to_drop(self, span: ReadableSpan) -> ReadableSpan | None:
-        """The span that queuing ``span`` pushes out (the oldest), or None."""
-        if not (span.context and span.context.trace_flags.sampled):
-            return None
+    def __init__(self, span_exporter: SpanExporter, *args: Any, **kwargs: Any) -> None:
+        super().__init__(span_exporter, *args, **kwargs)
         inner = getattr(self, "_batch_processor", None)
         queue = getattr(inner, "_queue", None)
-        size = getattr(inner, "_max_queue_size", None)
-        if queue is None or size is None or getattr(inner, "_shutdown", False):
-            return None
-        return queue[-1] if len(queue) >= size else None
+        if type(queue) is collections.deque and queue.maxlen is not None:
+            inner._queue = _DropSeeingQueue(queue, queue.maxlen, self._dropped)  # type: ignore[union-attr]
+
+    def _dropped(self, span: Any) -> None:
+        exporter = self.span_exporter
+        counters = exporter._counters() if isinstance(exporter, CountingSpanExporter) else None
+        if counters is not None and isinstance(span, ReadableSpan) and _is_profkits(span):
+            counters.add(SPANS_FAILED, 1)
+            counters.error(QUEUE_FULL_REASON, None)
+
+
+class _DropSeeingQueue(collections.deque):  # type: ignore[type-arg]
+    """A bounded deque that tells ``on_drop`` which item a full ``appendleft`` pushes out.
+
+    The batch processor queues on the left and its worker pops on the right; both go through
+    one lock here, so the item seen as pushed out is the one the deque drops.
+    """
+
+    def __init__(self, items: Any, maxlen: int, on_drop: Callable[[Any], None]) -> None:
+        super().__init__(items, maxlen)
+        self._lock = threading.Lock()
+        self._on_drop = on_drop
+        if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held
+            mine = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _new_lock(mine()))
+
+    def appendleft(self, item: Any) -> None:
+        with self._lock:
+            full = len(self) >= self.maxlen  # type: ignore[operator]
+            dropped = self[-1] if full and self else None
+            super().appendleft(item)
+        if dropped is not None:
+            with contextlib.suppress(Exception):  # (counting must never fail a span)
+                self._on_drop(dropped)
+
+    def pop(self, *index: int) -> Any:
+        with self._lock:
+            return super().pop(*index)
+
+
+def _new_lock(queue: _DropSeeingQueue | None) -> None:
+    if queue is not None:
+        queue._lock = threading.Lock()

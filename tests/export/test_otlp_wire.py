@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,11 @@ from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan
 import profkit
 from profkit._global import get_session
 from profkit._stats import Stats
-from profkit.exporters.otlp import CountingSpanExporter, otlp_span_processor
+from profkit.exporters.otlp import (
+    CountingBatchSpanProcessor,
+    CountingSpanExporter,
+    otlp_span_processor,
+)
 
 torch.manual_seed(0)
 MODEL = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -363,3 +368,77 @@ def test_spans_a_full_processor_queue_drops_are_counted(monkeypatch: pytest.Monk
         assert made == len(rx.spans()) + stats["otlp_spans_failed"]
         profkit.shutdown(10.0)
         provider.shutdown()
+
+
+def test_a_full_queue_the_worker_drains_meanwhile_counts_no_drop() -> None:
+    """The queue is full when a span ends, but the processor's worker takes the oldest batch
+    out before the span is queued: nothing is dropped, so nothing is counted (the CI run
+    that counted 31 of 30 spans). Every span is exported or counted, never both."""
+    stats = Stats()
+    exported: list[ReadableSpan] = []
+
+    class Keeping(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            exported.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    processor = CountingBatchSpanProcessor(
+        CountingSpanExporter(Keeping(), counting_into=stats),
+        max_queue_size=2,
+        max_export_batch_size=2,
+        schedule_delay_millis=60_000,
+    )
+    inner = processor._batch_processor
+    emit = inner.emit
+    taken: list[ReadableSpan] = []
+
+    def drained_first(span: ReadableSpan) -> None:  # the worker wins the race
+        taken.append(inner._queue.pop())  # (what its export takes out first: the oldest)
+        emit(span)
+
+    spans = _spans(3)
+    with inner._export_lock:  # the worker thread waits: only the test takes spans out
+        for span in spans[:2]:
+            processor.on_end(span)
+        inner.emit = drained_first
+        processor.on_end(spans[2])
+        inner.emit = emit
+    assert processor.force_flush()
+    assert stats.snapshot()["otlp_spans_failed"] == 0
+    assert sorted(s.name for s in taken + exported) == ["s0", "s1", "s2"]
+    with inner._export_lock:  # nothing taken out: three of five are pushed out, each counted
+        for span in _spans(5):
+            processor.on_end(span)
+    assert stats.snapshot()["otlp_spans_failed"] == 3
+    assert stats.snapshot()["error_reasons"] == {"otlp_queue_full": 3}
+    assert processor.force_flush()
+    assert len(taken) + len(exported) + stats.snapshot()["otlp_spans_failed"] == 8
+    processor.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_the_drop_seeing_queue_works_in_a_child_forked_while_its_lock_was_held() -> None:
+    """A worker popping at fork time would leave the queue's lock held in the child forever."""
+    processor = CountingBatchSpanProcessor(CountingSpanExporter(FakeExporter([])))
+    queue = processor._batch_processor._queue
+    with queue._lock:
+        pid = os.fork()
+        if pid == 0:  # the child: queuing a span must not hang
+            code = 1
+            try:
+                processor.on_end(_spans(1)[0])
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung on the queue's lock")
+    assert os.waitstatus_to_exitcode(status) == 0
+    processor.shutdown()
