@@ -48,7 +48,6 @@ def async_call(
                 if entered.session is not None:  # a sampled root: record when its task runs
                     call.intervals, call.tasks = [], {_task()}  # (its child tasks' steps too)
                     own = call.scopes[entered.scope].intervals = []  # its own task's alone
-                    _arm_cut(call)
                     return await Intervals(coro, call.intervals, own)
                 task = _task()
                 if call.intervals is not None and task not in call.tasks:  # in a child task
@@ -91,16 +90,6 @@ def watch_loop(call: Any) -> None:
     if loop is not None:
         with contextlib.suppress(RuntimeError):  # a closing loop: nothing else will run
             loop.call_soon(_interleaved, call)
-
-
-def _arm_cut(call: Any) -> None:
-    """A window that waits for more calls (``window`` > 1, ``warmup``) opened on an event
-    loop: the loop is asked to run the ``max_window_s`` checkpoint once it passes, as no
-    profkit call may come on this thread to cut it (unlabelled work would record on)."""
-    win, loop = call.window, _get_running_loop()
-    if loop is not None and (win.config.window > 1 or win.config.warmup > 0):
-        with contextlib.suppress(RuntimeError):  # a closing loop: nothing else will run
-            loop.call_later(max(0.0, win.deadline - time.monotonic()) + 0.001, checkpoint)
 
 
 def _interleaved(call: Any) -> None:

@@ -10,9 +10,8 @@ A context variable holds where the current context stands:
 :func:`enter` / :func:`exit_` are the scope, for every kind of caller (``region``, coroutines,
 generators). :func:`sync_call` is the same logic for a synchronous call, inlined once for
 the hot path (an off-sample call then runs no other Python function than ``begin_root``
-and the compiler check that makes it nothing under ``torch.compile``).
+and the compiler check that makes it nothing under ``torch.compile``; no torch function).
 :class:`profkit._label.drivers.Stepped` keeps a scope open across a generator's steps.
-Off-sample, no torch function is called at all.
 
 A signal handler's exception (a SIGALRM timeout) can land on any bytecode, here too: the
 frame is restored by value, never from a token the exception may have kept from being
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from asyncio import _get_running_loop
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -115,6 +115,11 @@ def _open(
         return active
     if call.stopped:
         return active  # the checkpoint just cut the window short: nothing to record
+    if parent is None:
+        try:
+            _arm_cut(call)
+        except Exception as exc:  # (a loop whose call_later fails: cut at the next call)
+            _count(session, "loop_timer", exc)
     try:
         # the range is opened and kept in one C step (``extend`` over ``map``: no Python
         # code between torch's enter op and the list that holds its handle), so that no
@@ -193,6 +198,14 @@ def enter(
     except BaseException:
         _abort_nested(frame)
         raise
+
+
+def _arm_cut(call: CallRecord) -> None:
+    """A waiting window (``window`` > 1, ``warmup``) opened on a loop: it cuts at max_window_s
+    (a profkit call may never come on the thread to run the checkpoint: the loop does)."""
+    win, loop = call.window, _get_running_loop()
+    if loop is not None and win.calls[0] is call and (win.config.window > 1 or win.config.warmup):
+        loop.call_later(max(0.0, win.deadline - time.monotonic()) + 0.001, checkpoint)
 
 
 def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
 
 import profkit
+from profkit._capture.keeper import checkpoint
 from profkit.testing import capture
 
 STEPS = 3
@@ -261,3 +263,64 @@ def test_a_window_waiting_on_an_event_loop_is_cut_at_max_window_s() -> None:
         assert asyncio.run(main()) is False  # stopped while the loop still ran
         assert profkit.force_flush(30.0)
     assert 1 == cap.stats["exported"]
+
+
+@profkit.profiled("loop_window_sync")
+def _loop_window_sync() -> float:
+    return float(torch.ones(4).sum())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("root", ["sync", "region"])
+def test_a_window_a_sync_root_opened_on_an_event_loop_is_cut_at_max_window_s(root: str) -> None:
+    """The same for a window opened by a plain function (or a region) called from a coroutine:
+    it runs on the loop's thread too, which then runs only unlabelled work."""
+
+    async def main() -> bool:
+        if root == "sync":
+            assert 4.0 == _loop_window_sync()
+        else:
+            with profkit.region("loop_window_region"):
+                assert 4.0 == float(torch.ones(4).sum())
+        x = torch.ones(8)
+        for _ in range(60):  # 0.6 s of unlabelled work, past max_window_s
+            x = x.add(1)
+            await asyncio.sleep(0.01)
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+
+    with capture(sample_every=1, cold_calls=0, window=3, max_window_s=0.2) as cap:
+        assert asyncio.run(main()) is False  # stopped while the loop still ran
+        assert profkit.force_flush(30.0)
+    assert 1 == cap.stats["exported"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("swallow_internal_errors")
+def test_a_loop_that_refuses_the_timer_breaks_no_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop whose ``call_later`` raises: the call returns its result, the error is counted,
+    and the window is still cut at the thread's next profkit call past ``max_window_s``."""
+
+    loop_class = asyncio.BaseEventLoop  # (where every loop of asyncio's has call_later)
+    call_later = loop_class.call_later
+
+    def refuse(self: Any, delay: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if callback is checkpoint:
+            raise RuntimeError("no timers here")
+        return call_later(self, delay, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop_class, "call_later", refuse)
+
+    async def main() -> bool:
+        assert 4.0 == _loop_window_sync()
+        await asyncio.sleep(0.3)
+        left_on = bool(torch.autograd.profiler._is_profiler_enabled)  # no timer: still on
+        monkeypatch.undo()
+        with profkit.region("loop_window_next"):  # a checkpoint past max_window_s: cut
+            pass  # (and a window of its own opens)
+        return left_on
+
+    with capture(sample_every=1, cold_calls=0, window=3, max_window_s=0.2) as cap:
+        assert asyncio.run(main()) is True
+        assert profkit.force_flush(30.0)
+    assert cap.stats["error_reasons"].get("loop_timer") == 1
+    assert [c.label for c in cap.calls] == ["loop_window_sync", "loop_window_next"]
