@@ -58,10 +58,14 @@ class Sample:
     are the call's top ``COMPACT_OPS`` only, with no "other" row and no regions, so an op or
     region it does not list is unknown rather than absent."""
     event: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
-    """The ``profkit.profile`` event as read (regions, ids, start time: the HTML page's)."""
+    """Of the ``profkit.profile`` event as read, what the HTML page shows of it (start time,
+    trace and span ids, regions)."""
 
 
 _EVENTS = ("profkit.profile", "profkit.op")
+#: what :attr:`Sample.event` keeps of its event (the HTML page's): the rest, ``top_ops`` the
+#: largest, is read into the sample, so a large file is not held twice in memory
+_PAGE_KEYS = ("start_time", "trace_id", "span_id", "regions")
 
 
 def _events(lines: Iterable[str], bad: list[int]) -> Iterator[tuple[dict[str, Any], bool]]:
@@ -136,7 +140,7 @@ def read(lines: Iterable[str]) -> tuple[list[Sample], int]:
             sample = Sample(label, duration, verdict, event.get("diagnosis_confidence") == "low")
             sample.cold = event.get("cold") is True or event.get("profkit.cold") is True
             sample.compact = compact
-            sample.event = event
+            sample.event = {key: event[key] for key in _PAGE_KEYS if key in event}
             rows = event.get("top_ops")
             for row in rows if isinstance(rows, list) else ():
                 _add_op(sample, row)

@@ -316,3 +316,30 @@ def test_any_lines_never_raise(text_lines: list[str], as_json: bool) -> None:
     text = _report.render(rollups)
     assert "\x1b" not in text
     assert out is None or isinstance(out, str)
+
+
+@pytest.mark.timeout(120)
+def test_reading_a_large_file_does_not_hold_its_events_twice(
+    tmp_path: Path, mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """What ``read`` keeps of a file of real profile lines is well under twice its size: each
+    event's op rows are read into the sample, not also kept as parsed JSON (5.2x before)."""
+    import tracemalloc
+
+    from profkit._jsonlines import read
+
+    one = tmp_path / "one.jsonl"
+    _sampled_json_lines(one, mlp, batch)
+    text = one.read_text(encoding="utf-8") * 300
+    tracemalloc.start()
+    try:
+        samples, bad = read(text.splitlines())
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (len(samples), bad) == (6 * 300, 0)
+    assert kept < 2.0 * len(text), kept / len(text)
+    first = samples[0]
+    assert first.ops
+    assert first.event["span_id"]
+    assert first.event["start_time"]
