@@ -111,6 +111,8 @@ class Session(Decider):
         call.error = error
         call.stopped = True
         call.done = True
+        if call.tasks:  # its tasks hold their loop: a waiting window must not keep it alive
+            call.tasks = set()
         if self._book is not None:
             judge(self._book, self.stats, call, self.pipeline.busy_ns)
         if self.metrics is not None:

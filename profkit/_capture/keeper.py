@@ -163,18 +163,18 @@ class WindowKeeper:
         """A trigger or baggage call joining a speculative window spends a rate-cap token."""
         return self._limiter is None or self._limiter.allow()
 
-    # -- a root call ended, or yielded ------------------------------------------------------
+    # -- a root call ended, or yielded; control ---------------------------------------------
 
     def ended(self, call: CallRecord, active: bool) -> None:
         """A root call of one of this keeper's windows ended: close the window if it is done
-        (full, the session stopped, or a speculative window: it never waits on an idle thread)."""
+        (full, the session stopped, or a speculative window: it never waits on an idle thread)
+        and this is its thread (else its loop's timer or its thread's next call closes it)."""
         win: Window = call.window
         if win.in_flight:
             return
-        if (win.full or not active or win.speculative) and SLOT.held is win:
+        here = win.owner == threading.get_ident() or win.config.all_threads  # else: its thread's
+        if (win.full or not active or win.speculative) and SLOT.held is win and here:
             self.close_window(win)
-
-    # -- control ----------------------------------------------------------------------------
 
     def close_window(self, win: Window) -> None:
         """Stop ``win`` on its own thread, hand it to the pipeline, free the slot. Once: a

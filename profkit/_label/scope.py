@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 import time
-from asyncio import _get_running_loop
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -32,6 +31,7 @@ from .. import _errors
 from .._capture.decide import CONTROLLED, PROFILED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.keeper import checkpoint, orphaned
+from .._capture.loops import arm as arm_loop
 from .._capture.slot import SLOT
 from .._compat import range_enter
 from .._model import CodeInfo
@@ -117,7 +117,7 @@ def _open(
         return active  # the checkpoint just cut the window short: nothing to record
     if parent is None:
         try:
-            _arm_cut(call)
+            arm_loop(call)
         except Exception as exc:  # (a loop whose call_later fails: cut at the next call)
             _count(session, "loop_timer", exc)
     try:
@@ -198,14 +198,6 @@ def enter(
     except BaseException:
         _abort_nested(frame)
         raise
-
-
-def _arm_cut(call: CallRecord) -> None:
-    """A waiting window (``window`` > 1, ``warmup``) opened on a loop: it cuts at max_window_s
-    (a profkit call may never come on the thread to run the checkpoint: the loop does)."""
-    win, loop = call.window, _get_running_loop()
-    if loop is not None and win.calls[0] is call and (win.config.window > 1 or win.config.warmup):
-        loop.call_later(max(0.0, win.deadline - time.monotonic()) + 0.001, checkpoint)
 
 
 def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:

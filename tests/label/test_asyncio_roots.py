@@ -13,6 +13,7 @@ import torch
 
 import profkit
 from profkit._capture.keeper import checkpoint
+from profkit._capture.slot import SLOT
 from profkit.testing import capture
 
 STEPS = 3
@@ -324,3 +325,95 @@ def test_a_loop_that_refuses_the_timer_breaks_no_call(monkeypatch: pytest.Monkey
         assert profkit.force_flush(30.0)
     assert cap.stats["error_reasons"].get("loop_timer") == 1
     assert [c.label for c in cap.calls] == ["loop_window_sync", "loop_window_next"]
+
+
+def _profiler_on_here() -> bool:
+    """Whether a profiler records this thread (torch's own per-thread state, not the flag)."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+@profkit.profiled("loop_long_await")
+async def _long_await() -> float:
+    y = float(torch.ones(4).sum())
+    await asyncio.sleep(1.5)  # a backend's answer, long past max_window_s
+    return y
+
+
+@pytest.mark.timeout(60)
+def test_a_single_call_window_awaiting_long_is_cut_by_the_loop_timer() -> None:
+    """``window=1``: the sampled coroutine awaits for long while its loop runs only
+    unlabelled work; the timer cuts it at ``max_window_s``, not at the call's end."""
+
+    async def probe() -> bool:
+        await asyncio.sleep(0.6)
+        return _profiler_on_here()
+
+    async def main() -> tuple[float, bool]:
+        result, on = await asyncio.gather(_long_await(), probe())
+        return result, on
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=0.2) as cap:
+        assert asyncio.run(main()) == (4.0, False)
+        assert profkit.force_flush(30.0)
+    assert [(c.label, c.truncated) for c in cap.calls] == [("loop_long_await", "max_window_s")]
+
+
+@profkit.profiled("loop_window_ends")
+async def _loop_window_ends() -> float:
+    return float(torch.ones(4).sum())
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_window_whose_loop_ends_is_closed_with_it() -> None:
+    """``window=5``: two calls, then ``asyncio.run`` returns. Its timer went with the loop;
+    the window is closed as the loop goes, not left recording the thread's later work."""
+
+    async def main() -> None:
+        for _ in range(2):
+            assert 4.0 == await _loop_window_ends()
+
+    with capture(sample_every=1, cold_calls=0, window=5, max_window_s=0.2) as cap:
+        asyncio.run(main())
+        assert not _profiler_on_here()
+        assert SLOT.held is None
+        assert profkit.force_flush(30.0)
+    assert [(c.label, c.truncated) for c in cap.calls] == [("loop_window_ends", None)] * 2
+
+
+@profkit.profiled("loop_stream")
+async def _loop_stream() -> Any:
+    for _ in range(5):
+        yield float(torch.ones(4).sum())
+        await asyncio.sleep(0)
+
+
+@pytest.mark.timeout(60)
+def test_an_async_generator_dropped_on_another_thread_stops_nothing_there() -> None:
+    """A sampled async generator left mid-iteration and dropped on another thread: its
+    thread-local window is not stopped there (torch would stop nothing, and the loop's
+    thread would record on); the loop's thread stops it."""
+    import gc
+    import threading
+
+    held: list[Any] = []
+
+    async def main() -> None:
+        stream = _loop_stream()
+        assert 4.0 == await stream.__anext__()
+        held.append(stream)  # left mid-iteration, never closed
+        dropper = threading.Thread(target=held.clear)
+        dropper.start()
+        dropper.join()
+        await asyncio.sleep(0.4)  # the loop runs on, past max_window_s
+        assert not _profiler_on_here()
+
+    with capture(sample_every=1, cold_calls=0, max_window_s=0.2) as cap:
+        gc.disable()  # (the drop is what ends the stream, not a collection here)
+        try:
+            asyncio.run(main())
+        finally:
+            gc.enable()
+        assert not _profiler_on_here()
+        assert profkit.force_flush(30.0)
+    assert [c.label for c in cap.calls] == ["loop_stream"]
+    assert cap.calls[0].scopes[0].ops  # recorded, and stopped on its thread: read
