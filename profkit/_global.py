@@ -14,7 +14,7 @@ from ._capture import hooks as _hooks
 from ._capture import keeper as _keeper
 from ._capture.window import started_before_fork
 from ._config import Config, build_config
-from ._deadline import timeout_s
+from ._deadline import Deadline, timeout_s
 from ._label.scope import GLOBAL
 from ._sampling import check_trigger
 from ._session import Session
@@ -53,6 +53,11 @@ class _Last:
 
 
 _last = _Last()
+#: sessions taken out of the global slot (replaced, or being shut down) whose shutdown has
+#: not answered a caller yet: force_flush() and shutdown() wait for them and answer for them
+_closing: list[Session] = []
+#: the most kept there (the oldest are let go first: their losses were counted and logged)
+_MAX_CLOSING = 16
 _RETIRE_TIMEOUT = 5.0
 #: seconds the exit flush may take (before the atexit hooks), and the exit shutdown after it
 _EXIT_FLUSH_S = 2.0
@@ -130,13 +135,13 @@ def configure(
     given = {name: value for name, value in passed.items() if value is not UNSET}
     config = build_config({**given, **extra})
     session = Session(config)
-    old = install(session)
+    old = install(session, closing=True)
     if old is not None:
         retire(old)
     return config
 
 
-def install(session: Session | None) -> Session | None:
+def install(session: Session | None, closing: bool = False) -> Session | None:
     """Make ``session`` the global one (started first); returns the one it replaced.
 
     Where a session starts, its hooks are installed: the exit flush (ahead of every
@@ -144,6 +149,8 @@ def install(session: Session | None) -> Session | None:
     fork reset (here), torch's profiler hooks (``Session.start``) and the trigger signal (on the
     caller's thread: Python installs handlers on the main thread only), which also puts back
     what an earlier ``trigger_signal`` replaced. ``None`` takes the signal handler back.
+    ``closing``: the one replaced is being shut down (``configure()``, ``shutdown()``): it is
+    kept in ``_closing`` from the same instant, so no flush misses it.
     """
     with _lifecycle:  # one configure() or shutdown() changes the process's hooks at a time
         if session is not None:
@@ -152,7 +159,7 @@ def install(session: Session | None) -> Session | None:
             _hooks.at_fork_in_child("global", _after_fork_in_child)
             session.start()
         try:
-            return _swap(session)
+            return _swap(session, closing)
         finally:
             if session is not None:
                 signal_name = session.config.trigger_signal if session.config.enabled else None
@@ -161,10 +168,12 @@ def install(session: Session | None) -> Session | None:
                 _signals.apply(None, None, Stats())
 
 
-def _swap(session: Session | None) -> Session | None:
+def _swap(session: Session | None, closing: bool) -> Session | None:
     with _configure_lock:
         old: Session | None = GLOBAL.session
         GLOBAL.session = session
+        if closing and old is not None:
+            _closing[:] = [*_closing, old][-_MAX_CLOSING:]
         if session is not None:
             DEFAULT.counters = session.stats
         elif old is not None:
@@ -184,9 +193,29 @@ def retire(old: Session) -> None:
     """
     with _errors.guard(old.stats, "retire"):
         old.close_idle_window()
-    threading.Thread(
-        target=old.shutdown, args=(_RETIRE_TIMEOUT,), name="profkit-retire", daemon=True
-    ).start()
+    threading.Thread(target=_retire, args=(old,), name="profkit-retire", daemon=True).start()
+
+
+def _retire(old: Session) -> None:
+    """The retire thread: shut ``old`` down; a False answer waits for the next flush's."""
+    old.shutdown(_RETIRE_TIMEOUT, answering=False)
+    _answered()
+
+
+def _answered() -> None:
+    """Let go of the closing sessions whose answer was told (or was True)."""
+    with _configure_lock:
+        _closing[:] = [s for s in _closing if not s.answered]
+
+
+def _answer_for_closing(deadline: Deadline) -> bool:
+    """Shut down (or wait for the shutdown of) every closing session; True when each said
+    True (a shutdown still running at the deadline: False)."""
+    with _configure_lock:
+        closing = list(_closing)
+    answers = [s.shutdown(deadline.left()) for s in closing]
+    _answered()
+    return all(answers)
 
 
 def get_session() -> Session | None:
@@ -236,8 +265,10 @@ def force_flush(timeout: float | None = 5.0) -> bool:
     """Export everything sampled so far; True when it all went out within ``timeout`` s
     (None: however long it takes; a timeout that is not a number raises ValueError)."""
     seconds = timeout_s(timeout)
+    deadline = Deadline(seconds)
     session = get_session()
-    return True if session is None else session.force_flush(seconds)
+    flushed = True if session is None else session.force_flush(seconds)
+    return _answer_for_closing(deadline) and flushed
 
 
 def shutdown(timeout: float | None = 5.0) -> bool:
@@ -246,9 +277,9 @@ def shutdown(timeout: float | None = 5.0) -> bool:
     Puts back the signal handler that ``trigger_signal`` replaced. ``timeout`` as for
     :func:`force_flush`, checked before anything is stopped.
     """
-    seconds = timeout_s(timeout)
-    session = install(None)
-    flushed = True if session is None else session.shutdown(seconds)
+    deadline = Deadline(timeout_s(timeout))
+    install(None, closing=True)
+    flushed = _answer_for_closing(deadline)  # this session's shutdown, and any still closing
     with _lifecycle:  # (a configure() that started meanwhile has its session in by now)
         if get_session() is None:  # the last session: profkit's hooks come out of the process
             _foreign.remove_hooks()
@@ -270,21 +301,23 @@ def _before_exit() -> None:
     """As the interpreter begins to exit: export what is queued while the span exporters
     and TracerProviders still run (their own exit hooks shut them down later)."""
     session = get_session()
-    if session is not None:
-        try:
+    try:
+        if session is not None:
             session.close_idle_window()
             session.force_flush(_EXIT_FLUSH_S)
-        except Exception as exc:  # never turn interpreter exit into a traceback
-            _errors.log.debug("profkit: flush at exit failed: %r", exc)
+        _answer_for_closing(Deadline(_EXIT_FLUSH_S))  # (replaced ones still exporting)
+    except Exception as exc:  # never turn interpreter exit into a traceback
+        _errors.log.debug("profkit: flush at exit failed: %r", exc)
 
 
 def _at_exit() -> None:
     session = get_session()
-    if session is not None:
-        try:
+    try:
+        if session is not None:
             session.shutdown(2.0)
-        except Exception as exc:  # never turn interpreter exit into a traceback
-            _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
+        _answer_for_closing(Deadline(2.0))
+    except Exception as exc:  # never turn interpreter exit into a traceback
+        _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
     try:
         _keeper.stop_left_at_exit()
     except Exception as exc:
@@ -299,6 +332,11 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    """Fresh locks (another thread's configure() held them at fork: the child would wait for
+    ever), no closing sessions (the parent's to export), the session's counters re-init."""
+    global _configure_lock, _lifecycle
+    _configure_lock, _lifecycle = threading.Lock(), threading.RLock()
+    _closing.clear()
     session = get_session()
     if session is not None:
         session.at_fork_reinit()

@@ -87,6 +87,9 @@ class Session(Decider):
             self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
         self.prime_seconds = 0.0
+        self._shut = _Once()
+        #: its shutdown's answer was returned to a caller (or is True): nothing left to tell
+        self.answered = False
 
     def _time_every_call(self, metrics: Metrics) -> None:
         """``metrics``: every root call that is not profiled is timed (the decision returns
@@ -177,14 +180,21 @@ class Session(Decider):
                 self.metrics.flush()
         return self._no_new_span_failures() and flushed and not waiting
 
-    def shutdown(self, timeout: float = 5.0) -> bool:
+    def shutdown(self, timeout: float = 5.0, *, answering: bool = True) -> bool:
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.
 
         A window still open at the deadline (or on the calling thread itself) is counted as
         dropped with reason "shutdown" when its call ends, and the result is then False; it
-        is False as for :meth:`force_flush` otherwise.
+        is False as for :meth:`force_flush` otherwise. Run once (:class:`_Once`): a call
+        while another thread's runs waits for it (within ``timeout``), a later one gets its
+        answer; ``answering=False`` (the retire thread's) leaves the answer to be told.
         """
-        deadline = Deadline(timeout)
+        answer = self._shut.run(self._shutdown, Deadline(timeout))
+        if answer is not None and (answering or answer):
+            self.answered = True
+        return bool(answer)
+
+    def _shutdown(self, deadline: Deadline) -> bool:
         self.active = False
         wait_for_other_thread(self.keeper, deadline)
         close_idle(self.keeper, stopping=True)  # (one recording all threads: from here too)
@@ -204,11 +214,46 @@ class Session(Decider):
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
         close_idle(self.keeper)
 
+    @property
+    def shut_down(self) -> bool:
+        """Its shutdown ran to the end (one cut short by an exception runs again)."""
+        return self._shut.value is not None
+
     def at_fork_reinit(self) -> None:
         """In a forked child: fresh counters and triggers (the pipeline re-inits itself)."""
+        self._shut = _Once()
         self.stats.at_fork_reinit()
         self.refresh_after_fork()
         self.triggered = Triggered()
+
+
+class _Once:
+    """A session's shutdown, run once: the first caller runs it; a caller meanwhile waits for
+    it (within its own deadline: else None); a later one gets its answer; one cut short by an
+    exception (a signal's) is run again by the next caller. A call nested in it on its own
+    thread (a signal handler's) cannot wait for it: None."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: int | None = None
+        self.value: bool | None = None
+
+    def run(self, work: Callable[[Deadline], bool], deadline: Deadline) -> bool | None:
+        if self._by == threading.get_ident():
+            return None
+        wait = deadline.wait_arg()
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
+            return None
+        try:
+            if self.value is None:
+                self._by = threading.get_ident()
+                try:
+                    self.value = work(deadline)
+                finally:
+                    self._by = None
+            return self.value
+        finally:
+            self._lock.release()
 
 
 def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], None]:
