@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WeakIdMap", "WeakIds", "at_fork_in_child_weakly"]
+__all__ = ["WeakIdMap", "WeakIds", "at_fork_in_child_weakly", "renewed_at_fork"]
 
 V = TypeVar("V")
 
@@ -65,3 +66,18 @@ def _call_alive(ref: weakref.ref[Any], method: str) -> None:
     obj = ref()
     if obj is not None:
         getattr(obj, method)()
+
+
+def renewed_at_fork(obj: Any, attr: str = "_lock") -> threading.Lock:
+    """A new lock for ``obj.<attr>``, replaced by another new one in each forked child (one
+    another thread held at ``fork()`` would stay held there for ever: the child's exports,
+    or whatever waits on it, would hang). Set it: ``self._lock = renewed_at_fork(self)``."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=functools.partial(_renew, weakref.ref(obj), attr))
+    return threading.Lock()
+
+
+def _renew(ref: weakref.ref[Any], attr: str) -> None:
+    obj = ref()
+    if obj is not None:
+        setattr(obj, attr, threading.Lock())

@@ -14,9 +14,8 @@ one provider feeds the same instruments, so a new session must not count its lab
 
 from __future__ import annotations
 
-import threading
-
 from .._text import clean
+from .._weak import renewed_at_fork
 
 __all__ = ["MAX_LABELS", "MAX_OPS", "MAX_OP_SERIES", "OTHER", "SeriesBounds"]
 
@@ -36,7 +35,7 @@ class SeriesBounds:
     """A provider's labels and op series: attributes made once, looked up lock-free."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # only where a new attribute set is made
+        self._lock = renewed_at_fork(self)  # only where a new attribute set is made
         self._labels: dict[tuple[str, int], dict[str, str]] = {}  # by the label as given
         self._values: dict[str, dict[str, str]] = {}  # by the label as recorded
         self._ops: dict[str, dict[str, dict[str, str]]] = {}

@@ -49,7 +49,7 @@ from .._model import CallSummary
 from .._records import CallRecord
 from .._stats import Stats
 from .._version import __version__
-from .._weak import WeakIdMap, at_fork_in_child_weakly
+from .._weak import WeakIdMap, at_fork_in_child_weakly, renewed_at_fork
 from .bounds import MAX_LABELS, MAX_OP_SERIES, MAX_OPS, SeriesBounds
 
 __all__ = ["CALL_BUCKETS_S", "MAX_LABELS", "MAX_OPS", "MAX_OP_SERIES", "OP_BUCKETS_S", "Metrics"]
@@ -130,7 +130,7 @@ class _Instruments:
         ):
             callback = functools.partial(self._observe, name)
             meter.create_observable_counter(name, [callback], unit=unit, description=what)
-        self._lock = threading.Lock()
+        self._lock = renewed_at_fork(self)
         #: the labels and op series these instruments hold (every session's, bounded)
         self.bounds = SeriesBounds()
         self.live: list[Metrics] = []

@@ -19,9 +19,10 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+
+from .._weak import renewed_at_fork
 
 __all__ = ["TraceFileWriter", "make_private_dirs", "strip_concrete_inputs"]
 
@@ -76,7 +77,7 @@ class TraceFileWriter:
         self.max_files = max_files
         self.max_bytes = max_bytes
         self.strip_values = strip_values
-        self._lock = threading.Lock()
+        self._lock = renewed_at_fork(self)
 
     def write(self, write_trace: Callable[[str], None], window_id: int) -> str:
         """Have ``write_trace(path)`` write a window's trace; return its final path."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from typing import IO
 
 from .._model import CallSummary, WindowSummary
 from .._text import escape
+from .._weak import renewed_at_fork
 from . import Exporter
 from ._rows import call_fields, call_ids
 
@@ -73,7 +73,7 @@ class _StreamExporter(Exporter):
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self._stream = stream
-        self._lock = threading.Lock()
+        self._lock = renewed_at_fork(self)
 
     def _default_stream(self) -> IO[str]:
         raise NotImplementedError

@@ -229,3 +229,48 @@ def test_a_users_profiler_started_in_a_sampled_call_survives_a_fork() -> None:
     rc, report, err = run_fresh("fork_user_profiler")
     assert rc == 0, err[-3000:]
     assert {"on": True, "errors": {}, "sin": True, "parent": True} == report, err[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("held", ["json", "trace_dir"])
+def test_an_exporters_lock_held_by_another_thread_at_fork_is_free_in_the_child(
+    held: str, tmp_path: Any
+) -> None:
+    """The JSON-lines exporter was writing (or the trace files were being pruned) on another
+    thread at fork: the child's exports still go out (its first export waited for ever)."""
+    import io
+    import threading
+
+    from profkit.exporters.console import JsonLinesExporter
+
+    out = io.StringIO()
+    lines = JsonLinesExporter(out)
+    settings: dict[str, Any] = {"sample_every": 1, "extra_exporters": (lines,)}
+    if held == "trace_dir":
+        settings["trace_dir"] = str(tmp_path)
+    with capture(**settings):
+        assert EXPECTED == predict(X)
+        assert profkit.force_flush(20.0)
+        session = get_session()
+        assert session is not None
+        writer = session.pipeline.processor._trace_files
+        lock = lines._lock if held == "json" else writer._lock  # type: ignore[union-attr]
+        taken, release = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            with lock:
+                taken.set()
+                release.wait(30)
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        assert taken.wait(10)
+        try:
+            report = _fork_and_run(_child_while_parent_window_open_elsewhere, timeout=40.0)
+        finally:
+            release.set()
+            thread.join(30)
+    assert report.get("error") is None, report.get("error")
+    assert 0 == report["exit_code"]
+    assert report["flushed"]
+    assert 3 == report["exported"]
