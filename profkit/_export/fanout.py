@@ -37,7 +37,8 @@ _MIN_SHUTDOWN_S = 0.01
 
 
 class _Adapted(Exporter):
-    """An object with ``export()`` that does not subclass :class:`Exporter` (duck-typed).
+    """An object with ``export()`` that does not subclass :class:`Exporter` (duck-typed), or
+    a subclass whose ``force_flush`` / ``shutdown`` take no ``timeout`` seconds first.
 
     Its optional ``force_flush`` and ``shutdown`` are looked up once, here.
     """
@@ -46,7 +47,8 @@ class _Adapted(Exporter):
         self.target = target
         self.name = str(getattr(target, "name", "") or type(target).__name__)
         self._flush = getattr(target, "force_flush", None)
-        self.flushes = self._flush is not None
+        inherited = isinstance(target, Exporter) and not _flushes(target)  # (the base's no-op)
+        self.flushes = self._flush is not None and not inherited
         self._flush_arg = _timeout_arg(self._flush)
         self._stop = getattr(target, "shutdown", None)
         self._stop_arg = _timeout_arg(self._stop)
@@ -113,8 +115,29 @@ def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]
             out.append(ConsoleExporter())
         elif name == "json":
             out.append(JsonLinesExporter())
-    out.extend(e if isinstance(e, Exporter) else _Adapted(e) for e in config.extra_exporters)
+    out.extend(e if _takes_seconds(e) else _Adapted(e) for e in config.extra_exporters)
     return spans, out
+
+
+def _takes_seconds(exporter: Any) -> bool:
+    """An :class:`Exporter` whose ``force_flush`` and ``shutdown`` take ``timeout`` seconds
+    first, as the base class's (else it is adapted: no parameter, OpenTelemetry's
+    ``timeout_millis``, keyword-only)."""
+    if not isinstance(exporter, Exporter):
+        return False
+    for method in ("force_flush", "shutdown"):
+        fn = getattr(type(exporter), method)
+        if fn is not getattr(Exporter, method):
+            try:
+                params = list(inspect.signature(fn).parameters.values())[1:]  # (self)
+            except (TypeError, ValueError):
+                return False
+            if not params or params[0].name != "timeout" or params[0].kind not in _POSITIONAL:
+                return False
+    return True
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 class Fanout:

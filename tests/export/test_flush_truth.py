@@ -84,6 +84,41 @@ def test_a_flush_without_a_timeout_parameter_is_called() -> None:
     assert {} == profkit.stats()["error_reasons"]
 
 
+class NoTimeoutSubclass(profkit.exporters.Exporter):
+    """OpenTelemetry's style in an ``Exporter`` subclass: ``force_flush(self)``, and a
+    ``shutdown(self, timeout_millis)``."""
+
+    name = "subclass"
+
+    def __init__(self) -> None:
+        self.windows = self.flushes = 0
+        self.shut_millis: int | None = None
+
+    def export(self, summary: WindowSummary) -> None:
+        self.windows += 1
+
+    def force_flush(self) -> bool:  # type: ignore[override]
+        self.flushes += 1
+        return True
+
+    def shutdown(self, timeout_millis: int = 30_000) -> None:  # type: ignore[override]
+        self.shut_millis = timeout_millis
+
+
+def test_an_exporter_subclass_whose_methods_take_no_seconds_is_called_as_they_are() -> None:
+    """Its flush and shutdown were called with seconds by position: both failed (a
+    ``TypeError``, counted ``flush_error:subclass`` / ``shutdown_error:subclass``)."""
+    exporter = NoTimeoutSubclass()
+    profkit.configure(**_settings(), exporters=(), extra_exporters=(exporter,))  # type: ignore[arg-type]
+    work()
+    assert profkit.force_flush(5.0) is True
+    assert profkit.shutdown(4.0) is True
+    assert (exporter.windows, exporter.flushes) == (1, 1)
+    assert exporter.shut_millis is not None
+    assert 0 < exporter.shut_millis <= 4000
+    assert {} == profkit.stats()["error_reasons"]
+
+
 class Hanging(SpanExporter):
     """A span exporter whose export blocks until released (a collector that never answers)."""
 
