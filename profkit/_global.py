@@ -208,12 +208,12 @@ def _answered() -> None:
         _closing[:] = [s for s in _closing if not s.answered]
 
 
-def _answer_for_closing(deadline: Deadline) -> bool:
+def _answer_for_closing(deadline: Deadline, answering: bool = True) -> bool:
     """Shut down (or wait for the shutdown of) every closing session; True when each said
     True (a shutdown still running at the deadline: False)."""
     with _configure_lock:
         closing = list(_closing)
-    answers = [s.shutdown(deadline.left()) for s in closing]
+    answers = [s.shutdown(deadline.left(), answering=answering) for s in closing]
     _answered()
     return all(answers)
 
@@ -264,11 +264,20 @@ def stats() -> StatsSnapshot:
 def force_flush(timeout: float | None = 5.0) -> bool:
     """Export everything sampled so far; True when it all went out within ``timeout`` s
     (None: however long it takes; a timeout that is not a number raises ValueError)."""
-    seconds = timeout_s(timeout)
+    return _flush(timeout_s(timeout), True)
+
+
+def flush_ahead(timeout: float) -> bool:
+    """:func:`force_flush` whose answer is left to the next ``force_flush()`` or ``shutdown()``
+    (the FastAPI integration's, run ahead of the app's own shutdown code, which then asks)."""
+    return _flush(timeout, False)
+
+
+def _flush(seconds: float, answering: bool) -> bool:
     deadline = Deadline(seconds)
     session = get_session()
-    flushed = True if session is None else session.force_flush(seconds)
-    return _answer_for_closing(deadline) and flushed
+    flushed = True if session is None else session.force_flush(seconds, answering)
+    return _answer_for_closing(deadline, answering) and flushed
 
 
 def shutdown(timeout: float | None = 5.0) -> bool:

@@ -160,25 +160,26 @@ class Session(Decider):
         """How many of the ``n`` were added (``MAX_PENDING`` caps those pending)."""
         return self.triggered.add(n, label)  # checks its arguments (ValueError)
 
-    def force_flush(self, timeout: float = 5.0) -> bool:
+    def force_flush(self, timeout: float = 5.0, answering: bool = True) -> bool:
         """Wait until every handed-off window is exported or dropped, then flush exporters.
 
         A window that waits for more calls (``window`` > 1) is closed first when it is this
         thread's, and exported with the rest; another thread's cannot be (a thread-local
         profiler stops on its own thread), so its calls stay pending and the result is False.
         False also when profkit spans failed OTLP export since the last flush or shutdown
-        (counted by :func:`profkit.exporters.otlp.otlp_span_processor`).
+        (counted by :func:`profkit.exporters.otlp.otlp_span_processor`). ``answering=False``:
+        the next flush or shutdown answers for the same losses (a flush ahead of the app's).
         """
         self.close_idle_window()
         win = SLOT.held
         waiting = (  # idle and open: not a full one on its way to the pipeline
             win is not None and win.keeper is self.keeper and not win.in_flight and not win.full
         )
-        flushed = self.pipeline.force_flush(Deadline(timeout))
+        flushed = self.pipeline.force_flush(Deadline(timeout), answering)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
                 self.metrics.flush()
-        return self._no_new_span_failures() and flushed and not waiting
+        return self._no_new_span_failures(answering) and flushed and not waiting
 
     def shutdown(self, timeout: float = 5.0, *, answering: bool = True) -> bool:
         """Stop sampling, let an open window finish, flush, stop the worker and exporters.
@@ -206,9 +207,9 @@ class Session(Decider):
                 self.metrics.shutdown()
         return self._no_new_span_failures() and flushed and not left_open
 
-    def _no_new_span_failures(self) -> bool:
+    def _no_new_span_failures(self, asking: bool = True) -> bool:
         """Whether no profkit span failed OTLP export since this was last asked."""
-        return not self.stats.grown_since_asked("otlp_spans_failed")
+        return not self.stats.grown_since_asked("otlp_spans_failed", asking)
 
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""

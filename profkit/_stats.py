@@ -111,12 +111,14 @@ class Stats:
         #: profkit's own CPU time (window start/stop, worker, exporters): ``overhead``
         self.cpu = CpuMeter()
 
-    def grown_since_asked(self, name: str) -> int:
-        """How much counter ``name`` grew since this was last asked (0 the first time too)."""
+    def grown_since_asked(self, name: str, asking: bool = True) -> int:
+        """How much counter ``name`` grew since this was last asked (0 the first time too;
+        ``asking=False``: a look that leaves the next ask's answer as it is)."""
         with self._lock:
             now = self._counts[name]
             seen = self._asked.get(name, 0)
-            self._asked[name] = now
+            if asking:
+                self._asked[name] = now
         return now - seen
 
     def at_fork_reinit(self) -> None:

@@ -285,3 +285,35 @@ def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Pa
     assert stats["sampled"] >= 10, stats
     assert stats["sampled"] == stats["exported"] + stats["dropped"], stats
     assert stats["exported"] == spans.count("/work"), (stats, len(spans))
+
+
+def test_the_apps_own_shutdown_still_says_false_after_the_integrations_flush() -> None:
+    """instrument_app flushes ahead of the app's shutdown code; that flush leaves the answer
+    to the app's own ``profkit.shutdown()``, which says False for windows an exporter failed
+    (it said True: the hidden flush had answered for them)."""
+
+    class Failing:
+        name = "failing"
+
+        def export(self, summary: object) -> None:
+            raise ConnectionError("collector down")
+
+    answers: list[bool] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        answers.append(profkit.shutdown(10.0))  # the app's own, as in getting-started
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/predict")
+    def predict() -> dict[str, float]:
+        return {"sum": float(torch.ones(4).sum())}
+
+    assert 1 == instrument_app(app)
+    profkit.configure(sample_every=1, cold_calls=0, exporters=(), extra_exporters=(Failing(),))
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] * 2 == _get_all(url, ["/predict"] * 2)
+    assert answers == [False]
+    assert profkit.stats()["dropped_reasons"] == {"export_error:failing": 2}

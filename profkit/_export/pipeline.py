@@ -194,9 +194,10 @@ class ExportPipeline:
 
     # -- control ----------------------------------------------------------------------------
 
-    def force_flush(self, deadline: Deadline) -> bool:
+    def force_flush(self, deadline: Deadline, answering: bool = True) -> bool:
         """Wait until every handed-off window is counted, then flush the exporters; True
-        when all flushed and every window handed off since the last call was exported."""
+        when all flushed and every window handed off since the last call was exported
+        (``answering=False``: the next call still answers for the same losses)."""
         mark = self._ledger.mark  # the losses the previous call answered for
         counted = True
         with self._idle:
@@ -206,7 +207,7 @@ class ExportPipeline:
                     break
                 self._idle.wait(deadline.wait_arg())
         flushed = counted and self.fanout.flush(deadline)
-        return self._ledger.answer(mark) and flushed
+        return (self._ledger.answer(mark) if answering else self._ledger.losses <= mark) and flushed
 
     def shutdown(self, deadline: Deadline) -> bool:
         """Flush, then stop the worker and the exporters; True when everything was exported.

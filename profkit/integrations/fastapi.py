@@ -154,7 +154,8 @@ def _flush_on_shutdown(app: FastAPI, relabel: Callable[[], int]) -> None:
             try:
                 yield state
             finally:  # the server stopped taking requests and finished those in flight
-                await run_in_threadpool(_global.force_flush, SHUTDOWN_FLUSH_S)
+                # (its answer is left to the app's own shutdown() or force_flush())
+                await run_in_threadpool(_global.flush_ahead, SHUTDOWN_FLUSH_S)
 
     router.lifespan_context = lifespan
     _FLUSHING[id(router)] = router
