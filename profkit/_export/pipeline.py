@@ -73,10 +73,9 @@ class ExportPipeline:
         self._ledger = _Ledger(self.stats)
         self._idle = threading.Condition()  # the worker notifies, flush waits: no request
         self._windows_done = 0
-        #: the worker's busy time (wall ns, all windows so far), and when the current window's
-        #: work began (0: idle); see :meth:`busy_ns`
-        self._busy_total = 0
-        self._busy_since = 0
+        #: (the worker's busy wall ns over all windows so far, when the current window's work
+        #: began: 0 idle), one tuple set at once, so a reader never sees half of a change
+        self._busy = (0, 0)
 
     def _at_fork_reinit(self) -> None:
         """In a forked child: the worker did not survive the fork; start clean (lazily)."""
@@ -99,8 +98,8 @@ class ExportPipeline:
         The difference across a call bounds how much of it the worker may have taken (it
         holds the GIL while it summarises): capture_slow subtracts it before judging a call.
         """
-        since = self._busy_since
-        return self._busy_total + (time.perf_counter_ns() - since if since else 0)
+        total, since = self._busy
+        return total + (time.perf_counter_ns() - since if since else 0)
 
     def offer(self, win: StoppedWindow) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
@@ -146,12 +145,12 @@ class ExportPipeline:
             # at once, the worker takes the GIL at the call's next release (freeing a tensor
             # can release it) and the sampled request waits out a whole switch interval
             time.sleep(_HANDOFF_GRACE_S)
-            self._busy_since = time.perf_counter_ns()
+            self._busy = (self._busy[0], time.perf_counter_ns())
             try:
                 self._handle(item)  # type: ignore[arg-type]  # (not _STOP: a window)
             finally:
-                self._busy_total += time.perf_counter_ns() - self._busy_since
-                self._busy_since = 0
+                total, since = self._busy
+                self._busy = (total + time.perf_counter_ns() - since, 0)
 
     def _handle(self, win: StoppedWindow) -> None:
         cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
