@@ -59,6 +59,7 @@ def test_a_window_dropped_behind_a_stuck_flush_is_never_delivered() -> None:
     profkit.configure(**SETTINGS, exporters=(), extra_exporters=(exporter,), export_timeout=0.2)  # type: ignore[arg-type]
     try:
         work()
+        assert 1 == _settled()["exported"]  # (exported before the short flush, however busy)
         assert profkit.force_flush(0.3) is False  # the exporter's flush hangs
         for _ in range(4):
             work()
@@ -105,6 +106,7 @@ def test_a_stuck_flush_gets_no_other_exporter_blamed() -> None:
     profkit.configure(**SETTINGS, exporters=(), extra_exporters=(stuck, healthy))  # type: ignore[arg-type]
     try:
         work()
+        assert 1 == _settled()["exported"]  # (exported before the short flush, however busy)
         assert profkit.force_flush(0.5) is False
         reasons = profkit.stats()["error_reasons"]
         assert 1 == reasons.get("flush_timeout:stuck"), reasons

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _load import CpuWait
 
 
 @pytest.fixture
@@ -15,3 +16,9 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cpu_wait() -> CpuWait:
+    """The test thread's wait for a CPU from here on (see :class:`CpuWait`)."""
+    return CpuWait()

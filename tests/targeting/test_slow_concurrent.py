@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from _load import CpuWait
 
 import profkit
 from profkit._label import scope as _scope
@@ -28,9 +29,12 @@ from profkit._targeting import verdict as _verdict
 from profkit.testing import capture
 
 
-def test_slow_calls_of_concurrent_tasks_on_one_loop_are_kept(one_thread: None) -> None:
+def test_slow_calls_of_concurrent_tasks_on_one_loop_are_kept(
+    one_thread: None, cpu_wait: CpuWait
+) -> None:
     """32 concurrent tasks, 1 call in 10 waiting 40 ms on a dependency, the others ~0.3 ms
-    of torch: most slow calls are kept, and the calls kept are slow ones."""
+    of torch: most slow calls are kept, and the calls kept are slow ones (the recall floors
+    where the loop's thread got its CPU: see ``CpuWait``)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
@@ -61,20 +65,22 @@ def test_slow_calls_of_concurrent_tasks_on_one_loop_are_kept(one_thread: None) -
         assert asyncio.run(serve()) == list(range(len(plan)))
     kept = [c for c in cap.calls if c.policy == "slow"]
     caught = [c for c in kept if c.scopes[1].attributes["slow"]]
-    assert len(caught) >= 0.3 * sum(plan), (len(caught), sum(plan), cap.stats)
-    assert len(caught) >= 0.8 * len(kept), (len(caught), len(kept))
     stats = profkit.stats()
     assert stats["speculative"] == stats["speculative_released"] + len(kept)
+    cpu_wait.skip_if_busy("recall of slow calls")
+    assert len(caught) >= 0.3 * sum(plan), (len(caught), sum(plan), cap.stats)
+    assert len(caught) >= 0.8 * len(kept), (len(caught), len(kept))
 
 
-def test_slow_calls_are_kept_when_every_task_awaits(one_thread: None) -> None:
+def test_slow_calls_are_kept_when_every_task_awaits(one_thread: None, cpu_wait: CpuWait) -> None:
     """32 concurrent tasks whose every call awaits (1-2 ms on a dependency, drifting up;
     1 in 10 waits 40 ms): calls start and end at thousands a second while a slow one runs.
     A speculative window takes up to 512 of the loop's calls (128 before: it was cut short
     about 10 ms in, before most slow calls had run long enough to be judged slow: recall
     0.30-0.53 in bench/slow_recall.py's "drift" row; here 0.58-0.62, now 0.91-0.92, also
     beside two CPU hogs). 40 ms: a busy machine slows the loop's fast calls to several ms,
-    and the rule's bar (up to 4x their median) with them."""
+    and the rule's bar (up to 4x their median) with them; past a quarter of the time
+    waiting for a CPU (4x oversubscribed: recall 0.04-0.4) the floors are not checked."""
     rng = random.Random(21)
     plan = []
     for i in range(480):
@@ -101,6 +107,9 @@ def test_slow_calls_are_kept_when_every_task_awaits(one_thread: None) -> None:
     kept = [c for c in cap.calls if c.policy == "slow"]
     caught = [c for c in kept if c.scopes[1].attributes["slow"]]
     slow_calls = sum(s for s, _ in plan)
+    stats = profkit.stats()
+    assert stats["speculative"] == stats["speculative_released"] + len(kept)
+    cpu_wait.skip_if_busy("recall of slow calls")
     assert len(caught) >= 0.75 * slow_calls, (len(caught), slow_calls, cap.stats)
     assert len(caught) >= 0.9 * len(kept), (len(caught), len(kept))
 
