@@ -175,10 +175,11 @@ class Session(Decider):
         waiting = (  # idle and open: not a full one on its way to the pipeline
             win is not None and win.keeper is self.keeper and not win.in_flight and not win.full
         )
-        flushed = self.pipeline.force_flush(Deadline(timeout), answering)
+        deadline = Deadline(timeout)
+        flushed = self.pipeline.force_flush(deadline, answering)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
-                self.metrics.flush()
+                self.metrics.flush(deadline)
         return self._no_new_span_failures(answering) and flushed and not waiting
 
     def shutdown(self, timeout: float = 5.0, *, answering: bool = True) -> bool:
@@ -204,7 +205,7 @@ class Session(Decider):
         flushed = self.pipeline.shutdown(deadline)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
-                self.metrics.shutdown()
+                self.metrics.shutdown(deadline)
         return self._no_new_span_failures() and flushed and not left_open
 
     def _no_new_span_failures(self, asking: bool = True) -> bool:

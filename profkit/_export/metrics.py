@@ -45,6 +45,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 
 from .._compat import SPAN_KEY as _SPAN_KEY
+from .._deadline import Deadline
 from .._model import CallSummary
 from .._records import CallRecord
 from .._stats import Stats
@@ -60,6 +61,8 @@ _HOLD_S = 10.0
 DRAIN_S = 1.0
 #: seconds between the thread's looks at the backlog (shedding what is past its bound)
 _CHECK_S = 0.1
+#: measurements handed to the SDK between looks at a flush's deadline
+_DEADLINE_EVERY = 256
 #: unprofiled root-call durations handed to the SDK per second at most; past them the
 #: oldest waiting are shed and counted (``metrics_shed``): a second's worth waits at most
 MAX_DURATIONS_PER_S = 20_000
@@ -281,24 +284,33 @@ class Metrics:
             self.stats.add("metrics_shed", shed)
         return shed
 
-    def drain(self, release_all: bool = False) -> None:
-        """Hand every pending measurement to the SDK (``release_all``: held ones too)."""
-        with self._lock:
-            cpu0 = time.thread_time()
-            try:
-                self._drain_delivered()
-                self._drain_pending()
+    def drain(self, release_all: bool = False, deadline: Deadline | None = None) -> bool:
+        """Hand every pending measurement to the SDK (``release_all``: held ones too); False
+        when ``deadline`` passed first (the rest wait for the drain thread's next turn)."""
+        wait = deadline.wait_arg() if deadline is not None else None
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
+            return False
+        cpu0 = time.thread_time()
+        try:
+            if self._drain_delivered(deadline) and self._drain_pending(deadline):
                 self._release_held(release_all)
-            finally:
-                self.stats.cpu.charge(time.thread_time() - cpu0)
+                return True
+            return False
+        finally:
+            self.stats.cpu.charge(time.thread_time() - cpu0)
+            self._lock.release()
 
-    def _drain_delivered(self) -> None:
+    def _drain_delivered(self, deadline: Deadline | None) -> bool:
         record_self, delivered, bounds = self._self_time.record, self._delivered, self._bounds
+        n = 0
         while True:
+            if deadline is not None and not n % _DEADLINE_EVERY and deadline.passed:
+                return False
+            n += 1
             try:
                 call = delivered.popleft()
             except IndexError:
-                return
+                return True
             label = bounds.label(call.label, self._limit)["profkit.label"]  # bounded
             for row in call.root.ops:  # each row's attributes: two dict lookups
                 record_self(row.self_cpu_us / 1e6, bounds.op(label, row.name), _EMPTY)
@@ -308,15 +320,19 @@ class Metrics:
                 attrs = self._bounds.label(held[0], self._limit)
                 self._duration.record(held[1] / 1e9, attrs, _exemplar(call))
 
-    def _drain_pending(self) -> None:
+    def _drain_pending(self, deadline: Deadline | None) -> bool:
         record, pending, label_of = self._duration.record, self._pending, self._bounds.label
         limit = self._limit
         self.shed()  # more than a second's worth: the oldest go, counted
+        n = 0
         while True:
+            if deadline is not None and not n % _DEADLINE_EVERY and deadline.passed:
+                return False
+            n += 1
             try:
                 label, ns = pending.popleft()
             except IndexError:
-                return
+                return True
             record(ns / 1e9, label_of(label, limit), _EMPTY)
 
     def _release_held(self, release_all: bool) -> None:
@@ -342,14 +358,22 @@ class Metrics:
 
     # -- control ----------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Everything handed off is exported or dropped: every measurement to the SDK."""
-        self.drain(release_all=True)
+    def flush(self, deadline: Deadline | None = None) -> bool:
+        """Everything handed off is exported or dropped: every measurement to the SDK, by
+        ``deadline`` (False when it passed first)."""
+        return self.drain(release_all=True, deadline=deadline)
 
-    def shutdown(self) -> None:
-        """Flush and stop the drain thread (the MeterProvider is the application's)."""
+    def shutdown(self, deadline: Deadline | None = None) -> None:
+        """Flush and stop the drain thread (the MeterProvider is the application's); what the
+        deadline left undrained is counted ``metrics_shed``."""
         self._stop.set()
-        self.flush()
+        if not self.flush(deadline):
+            with self._held_lock:
+                left = len(self._pending) + len(self._held)
+                self._pending.clear()
+                self._held.clear()
+                self._delivered.clear()  # (op rows: their calls' durations are in _held)
+            self.stats.add("metrics_shed", left)
         self._instruments.retire(self)
 
     def at_fork_reinit(self) -> None:

@@ -455,3 +455,42 @@ def test_a_backlog_past_a_seconds_worth_is_shed_and_counted(reader: InMemoryMetr
     assert duration.count == MAX_DURATIONS_PER_S + 1
     (shed,) = _points(metrics["profkit.calls"], profkit_outcome="metrics_shed")
     assert shed.value == stats["metrics_shed"]
+
+
+def test_flush_and_shutdown_hand_the_sdk_no_more_than_their_timeout_allows(
+    reader: InMemoryMetricReader,
+) -> None:
+    """``force_flush(0)`` and ``shutdown(0)`` with thousands of durations waiting: no time
+    left, so none is handed to the SDK on the caller's thread (0.3-0.8 s of ``record()``
+    calls before); the flush leaves them to the drain thread, the shutdown counts them
+    ``metrics_shed``: what the SDK got plus what was shed is every call."""
+    from profkit._global import get_session
+
+    @profkit.profiled("burst")
+    def burst() -> None:
+        pass
+
+    calls = 5_000
+    profkit.configure(
+        sample_every=10**9,
+        cold_calls=0,
+        exporters=(),
+        metrics=True,
+        meter_provider=_provider(reader),
+    )
+    session = get_session()
+    assert session is not None
+    assert session.metrics is not None
+    session.metrics._stop.set()  # no drain thread: the durations wait for the flush
+    for _ in range(calls):
+        burst()
+    waiting = len(session.metrics._pending) + len(session.metrics._held)
+    assert waiting == calls  # (call 0 was sampled: its duration is held for its export)
+    profkit.force_flush(0)
+    assert len(session.metrics._pending) + len(session.metrics._held) == waiting
+    profkit.shutdown(0)
+    stats = profkit.stats()
+    assert stats["metrics_shed"] == waiting
+    duration = _metrics(reader).get("profkit.call.duration")  # (none recorded: not there)
+    points = _points(duration, profkit_label="burst") if duration is not None else []
+    assert sum(p.count for p in points) + stats["metrics_shed"] == calls
