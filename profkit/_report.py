@@ -232,6 +232,12 @@ def run(args: argparse.Namespace) -> int:
         write(sys.stdout, render(rollups))
     for problem in unreadable:
         write(sys.stderr, f"profkit report: {problem}\n")
+    cold = 0 if args.include_cold else sum(sample.cold for sample in samples)
+    if cold:  # (as the HTML page's header says it)
+        write(
+            sys.stderr,
+            f"profkit report: {cold} cold samples left out (--include-cold counts them)\n",
+        )
     if skipped:
         noun = "line" if skipped == 1 else "lines"
         write(sys.stderr, f"profkit report: skipped {skipped} {noun} that could not be read\n")

@@ -343,3 +343,22 @@ def test_reading_a_large_file_does_not_hold_its_events_twice(
     assert first.ops
     assert first.event["span_id"]
     assert first.event["start_time"]
+
+
+def test_cold_samples_left_out_are_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text report leaves cold samples out, as the HTML page does, and says so on stderr
+    (it said only "4 samples"); with ``--include-cold`` nothing is left out."""
+    src = tmp_path / "cold.jsonl"
+    events = [profile("predict", 1000.0 + i, "compute_bound") for i in range(4)]
+    events += [{**profile("predict", 9000.0, "compute_bound"), "cold": True}] * 2
+    src.write_text("\n".join(lines(*events)) + "\n", encoding="utf-8")
+    assert 0 == cli.main(["report", str(src)])
+    out, err = capsys.readouterr()
+    assert "predict  4 samples" in out
+    assert "2 cold samples left out (--include-cold counts them)" in err
+    assert 0 == cli.main(["report", str(src), "--include-cold"])
+    out, err = capsys.readouterr()
+    assert "predict  6 samples" in out
+    assert "cold" not in err
