@@ -203,6 +203,9 @@ class Session(Decider):
         win = SLOT.held  # still held: a call in flight, or idle on its live thread (its next
         left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
+        win = SLOT.held  # idle on its live thread (stopped only there): its calls are counted
+        if win is not None and win.keeper is self.keeper and not win.in_flight:  # now, once
+            self.pipeline.lose(win, "shutdown", release=False)  # (its close counts no more)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):
                 self.metrics.shutdown(deadline)

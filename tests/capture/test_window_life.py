@@ -17,6 +17,7 @@ from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 import profkit
+from profkit._capture.slot import SLOT
 from profkit.testing import CaptureExporter, capture
 
 
@@ -150,8 +151,9 @@ def test_shutdown_stops_an_idle_all_threads_window_held_by_a_pool_thread() -> No
 def test_shutdown_with_an_idle_window_on_another_live_thread_says_false() -> None:
     """A thread-local ``window=3`` waits on its live thread for more calls; ``shutdown()``
     from another thread cannot stop it (a thread-local profiler stops on its own thread),
-    so its call is not exported: shutdown returns False, and that thread's next root call
-    counts it dropped ("shutdown")."""
+    so its call is not exported: shutdown returns False and counts it dropped ("shutdown")
+    at once (it was counted only at that thread's next root call, which may never come:
+    the counters did not add up); that next call lets the window go, counting nothing more."""
     import threading
 
     ready, go = threading.Event(), threading.Event()
@@ -168,9 +170,13 @@ def test_shutdown_with_an_idle_window_on_another_live_thread_says_false() -> Non
     assert ready.wait(30)
     try:
         assert profkit.shutdown(2.0) is False
+        stats = profkit.stats()
+        assert (1, 0, 1) == (stats["sampled"], stats["exported"], stats["dropped"])
+        assert {"shutdown": 1} == stats["dropped_reasons"]
     finally:
         go.set()
         thread.join(30)
+    assert SLOT.held is None
     stats = profkit.stats()
     assert 1 == stats["sampled"]
     assert {"shutdown": 1} == stats["dropped_reasons"]
