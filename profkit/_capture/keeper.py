@@ -270,9 +270,9 @@ def held_here(keeper: WindowKeeper) -> Window | None:
         SLOT.vacate(win)
     elif time.monotonic() > win.deadline:
         owner.truncate(win, win.cut_reason)
-    elif owner is not keeper:
-        if win.in_flight == 0:
-            owner.close_window(win)  # an idle window of a replaced session
+    elif owner is not keeper or win.clobbered:  # (clobbered: your profiler on this thread
+        if win.in_flight == 0:  # emptied it; later calls would be dropped with it)
+            owner.close_window(win)  # an idle window of a replaced session, or that one
     elif has_room(win):
         return win
     elif not win.in_flight:  # all its calls ended, yet it is open: an end cut short

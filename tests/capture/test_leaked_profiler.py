@@ -80,3 +80,20 @@ def test_a_users_profiler_started_inside_a_sampled_call_keeps_running() -> None:
     assert any(e.name == "aten::sin" for e in user.events())
     assert 1 == cap.stats["dropped_reasons"].get("foreign_profiler")
     assert {} == window_module._unstopped
+
+
+def test_a_window_your_profiler_emptied_between_its_calls_takes_no_more_calls() -> None:
+    """``window=3``: the first call opens a window; between calls the app runs a profiler of
+    its own on that thread, which empties it. Only that call is lost (``foreign_profiler``);
+    the next calls get windows of their own and are exported (2 more were dropped with it)."""
+    with capture(sample_every=1, cold_calls=0, window=3) as cap:
+        assert work() == 6.0
+        with torch.profiler.profile() as user:
+            torch.ones(4).cos()
+        assert any(e.name == "aten::cos" for e in user.events())
+        results = [work() for _ in range(6)]
+        assert profkit.force_flush(10.0) is False  # (the first call could not be exported)
+    assert results == [6.0] * 6
+    assert {"foreign_profiler": 1} == cap.stats["dropped_reasons"]
+    assert (7, 6) == (cap.stats["sampled"], cap.stats["exported"])
+    assert not torch.autograd.profiler._is_profiler_enabled
