@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from _fork import exit_code
 
 import profkit
 from profkit import WindowSummary
@@ -160,14 +161,4 @@ def test_a_fork_while_another_thread_configures_leaves_the_child_working() -> No
             os._exit(code)
     release.set()
     other.join()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the child hung on a lock held at fork")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert exit_code(pid, hung="the child hung on a lock held at fork") == 0

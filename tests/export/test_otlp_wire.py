@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from _fork import exit_code
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -430,15 +431,5 @@ def test_the_drop_seeing_queue_works_in_a_child_forked_while_its_lock_was_held()
                 code = 0
             finally:
                 os._exit(code)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the child hung on the queue's lock")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert exit_code(pid, 20.0, "the child hung on the queue's lock") == 0
     processor.shutdown()
