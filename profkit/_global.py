@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
@@ -39,7 +40,9 @@ __all__ = [
     "trigger",
 ]
 
-_configure_lock = threading.Lock()
+#: re-entrant: a signal handler's configure(), force_flush() or shutdown() may land while its
+#: thread holds it (its sections are short and leave the state whole at every step)
+_configure_lock = threading.RLock()
 #: held while a session starts and is swapped in, and while shutdown() takes the hooks out:
 #: a shutdown() on another thread cannot take out the hooks of a session being installed
 #: (reentrant: a signal handler's shutdown() may run inside a configure() on its thread)
@@ -173,7 +176,8 @@ def _swap(session: Session | None, closing: bool) -> Session | None:
         old: Session | None = GLOBAL.session
         GLOBAL.session = session
         if closing and old is not None:
-            _closing[:] = [*_closing, old][-_MAX_CLOSING:]
+            _closing.append(old)
+            del _closing[:-_MAX_CLOSING]
         if session is not None:
             DEFAULT.counters = session.stats
         elif old is not None:
@@ -203,17 +207,33 @@ def _retire(old: Session) -> None:
 
 
 def _answered() -> None:
-    """Let go of the closing sessions whose answer was told (or was True)."""
+    """Let go of the closing sessions whose answer was told (or was True), one by one (an
+    append by a handler's configure() meanwhile is kept)."""
     with _configure_lock:
-        _closing[:] = [s for s in _closing if not s.answered]
+        for session in [s for s in _closing if s.answered]:
+            with contextlib.suppress(ValueError):
+                _closing.remove(session)
 
 
-def _answer_for_closing(deadline: Deadline, answering: bool = True) -> bool:
-    """Shut down (or wait for the shutdown of) every closing session; True when each said
-    True (a shutdown still running at the deadline: False)."""
+def _answer_for_closing(deadline: Deadline, answering: bool = True, run: bool = False) -> bool:
+    """Every closing session's shutdown answer, waited for until ``deadline``; True when each
+    said True. ``run`` (``shutdown()``, the exit hooks): a shutdown not started yet, or cut
+    short, is run here; else (a flush) only waited for: a short flush must not become a
+    short shutdown of a replaced session, dropping what its retire thread would export."""
     with _configure_lock:
         closing = list(_closing)
-    answers = [s.shutdown(deadline.left(), answering=answering) for s in closing]
+    answers = []
+    for s in closing:
+        left = deadline.left()
+        answer = (
+            s.shutdown(left, answering=answering) if run else s.shutdown_answer(left, answering)
+        )
+        if not answer and s.answered and s is not _last.session:  # (stats() shows not it)
+            _errors.log.warning(
+                "profkit: a replaced session could not export every sampled call: %s",
+                dict(s.stats.snapshot()["dropped_reasons"]) or "its shutdown timed out",
+            )
+        answers.append(answer)
     _answered()
     return all(answers)
 
@@ -288,7 +308,7 @@ def shutdown(timeout: float | None = 5.0) -> bool:
     """
     deadline = Deadline(timeout_s(timeout))
     install(None, closing=True)
-    flushed = _answer_for_closing(deadline)  # this session's shutdown, and any still closing
+    flushed = _answer_for_closing(deadline, run=True)  # this session's, and any still closing
     with _lifecycle:  # (a configure() that started meanwhile has its session in by now)
         if get_session() is None:  # the last session: profkit's hooks come out of the process
             _foreign.remove_hooks()
@@ -314,7 +334,7 @@ def _before_exit() -> None:
         if session is not None:
             session.close_idle_window()
             session.force_flush(_EXIT_FLUSH_S)
-        _answer_for_closing(Deadline(_EXIT_FLUSH_S))  # (replaced ones still exporting)
+        _answer_for_closing(Deadline(_EXIT_FLUSH_S), run=True)  # (replaced, still exporting)
     except Exception as exc:  # never turn interpreter exit into a traceback
         _errors.log.debug("profkit: flush at exit failed: %r", exc)
 
@@ -324,7 +344,7 @@ def _at_exit() -> None:
     try:
         if session is not None:
             session.shutdown(2.0)
-        _answer_for_closing(Deadline(2.0))
+        _answer_for_closing(Deadline(2.0), run=True)
     except Exception as exc:  # never turn interpreter exit into a traceback
         _errors.log.debug("profkit: shutdown at exit failed: %r", exc)
     try:
@@ -344,7 +364,7 @@ def _after_fork_in_child() -> None:
     """Fresh locks (another thread's configure() held them at fork: the child would wait for
     ever), no closing sessions (the parent's to export), the session's counters re-init."""
     global _configure_lock, _lifecycle
-    _configure_lock, _lifecycle = threading.Lock(), threading.RLock()
+    _configure_lock, _lifecycle = threading.RLock(), threading.RLock()
     _closing.clear()
     session = get_session()
     if session is not None:

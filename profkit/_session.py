@@ -178,8 +178,8 @@ class Session(Decider):
         deadline = Deadline(timeout)
         flushed = self.pipeline.force_flush(deadline, answering)
         if self.metrics is not None:
-            with guard(self.stats, "metrics"):
-                self.metrics.flush(deadline)
+            with guard(self.stats, "metrics"):  # (measurements still waiting: not all out)
+                flushed = self.metrics.flush(deadline) and flushed
         return self._no_new_span_failures(answering) and flushed and not waiting
 
     def shutdown(self, timeout: float = 5.0, *, answering: bool = True) -> bool:
@@ -191,7 +191,14 @@ class Session(Decider):
         while another thread's runs waits for it (within ``timeout``), a later one gets its
         answer; ``answering=False`` (the retire thread's) leaves the answer to be told.
         """
-        answer = self._shut.run(self._shutdown, Deadline(timeout))
+        return self._told(self._shut.run(self._shutdown, Deadline(timeout)), answering)
+
+    def shutdown_answer(self, timeout: float, answering: bool = True) -> bool:
+        """What its shutdown (run by another caller: the retire thread's, another thread's)
+        answered, waiting for it up to ``timeout``; never runs it (False while unknown)."""
+        return self._told(self._shut.wait(Deadline(timeout)), answering)
+
+    def _told(self, answer: bool | None, answering: bool) -> bool:
         if answer is not None and (answering or answer):
             self.answered = True
         return bool(answer)
@@ -204,11 +211,15 @@ class Session(Decider):
         left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
         win = SLOT.held  # idle on its live thread (stopped only there): its calls are counted
-        if win is not None and win.keeper is self.keeper and not win.in_flight:  # now, once
-            self.pipeline.lose(win, "shutdown", release=False)  # (its close counts no more)
+        if (  # now, once (its close counts no more)
+            win is not None
+            and win.keeper is self.keeper
+            and not (win.in_flight or win.handed or win.closing)
+        ):
+            self.pipeline.lose(win, "shutdown", release=False)
         if self.metrics is not None:
-            with guard(self.stats, "metrics"):
-                self.metrics.shutdown(deadline)
+            with guard(self.stats, "metrics"):  # (measurements shed: False)
+                flushed = self.metrics.shutdown(deadline) and flushed
         return self._no_new_span_failures() and flushed and not left_open
 
     def _no_new_span_failures(self, asking: bool = True) -> bool:
@@ -236,29 +247,40 @@ class _Once:
     """A session's shutdown, run once: the first caller runs it; a caller meanwhile waits for
     it (within its own deadline: else None); a later one gets its answer; one cut short by an
     exception (a signal's) is run again by the next caller. A call nested in it on its own
-    thread (a signal handler's) cannot wait for it: None."""
+    thread (a signal handler's) cannot wait for it: None (the lock is re-entrant, so one
+    landing before the owner is noted does not wait on its own thread either)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._by: int | None = None
         self.value: bool | None = None
+        self.done = threading.Event()
 
     def run(self, work: Callable[[Deadline], bool], deadline: Deadline) -> bool | None:
-        if self._by == threading.get_ident():
+        me = threading.get_ident()
+        if self._by == me:
             return None
         wait = deadline.wait_arg()
         if not self._lock.acquire(timeout=-1 if wait is None else wait):
             return None
         try:
+            if self._by == me:  # (nested, the lock taken again on this thread)
+                return None
             if self.value is None:
-                self._by = threading.get_ident()
+                self._by = me
                 try:
                     self.value = work(deadline)
+                    self.done.set()
                 finally:
                     self._by = None
             return self.value
         finally:
             self._lock.release()
+
+    def wait(self, deadline: Deadline) -> bool | None:
+        """Its answer once it has run, waiting for it until ``deadline``; never runs it."""
+        self.done.wait(deadline.wait_arg())
+        return self.value
 
 
 def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], None]:

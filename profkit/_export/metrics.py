@@ -363,11 +363,13 @@ class Metrics:
         ``deadline`` (False when it passed first)."""
         return self.drain(release_all=True, deadline=deadline)
 
-    def shutdown(self, deadline: Deadline | None = None) -> None:
+    def shutdown(self, deadline: Deadline | None = None) -> bool:
         """Flush and stop the drain thread (the MeterProvider is the application's); what the
-        deadline left undrained is counted ``metrics_shed``."""
+        deadline left undrained is counted ``metrics_shed`` (a call's op rows go with its
+        duration), and the answer is then False."""
         self._stop.set()
-        if not self.flush(deadline):
+        flushed = self.flush(deadline)
+        if not flushed:
             with self._held_lock:
                 left = len(self._pending) + len(self._held)
                 self._pending.clear()
@@ -375,6 +377,7 @@ class Metrics:
                 self._delivered.clear()  # (op rows: their calls' durations are in _held)
             self.stats.add("metrics_shed", left)
         self._instruments.retire(self)
+        return flushed
 
     def at_fork_reinit(self) -> None:
         """In a forked child: the parent's measurements are the parent's; a new thread."""

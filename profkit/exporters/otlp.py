@@ -193,7 +193,7 @@ class _DropSeeingQueue(collections.deque):  # type: ignore[type-arg]
 
     def __init__(self, items: Any, maxlen: int, on_drop: Callable[[Any], None]) -> None:
         super().__init__(items, maxlen)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (a span ended in a signal handler nests here)
         self._on_drop = on_drop
         if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held
             mine = weakref.ref(self)
@@ -215,4 +215,4 @@ class _DropSeeingQueue(collections.deque):  # type: ignore[type-arg]
 
 def _new_lock(queue: _DropSeeingQueue | None) -> None:
     if queue is not None:
-        queue._lock = threading.Lock()
+        queue._lock = threading.RLock()

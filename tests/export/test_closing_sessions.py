@@ -162,3 +162,77 @@ def test_a_fork_while_another_thread_configures_leaves_the_child_working() -> No
     release.set()
     other.join()
     assert exit_code(pid, hung="the child hung on a lock held at fork") == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_short_flush_after_configure_does_not_cut_the_replaced_sessions_export_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A health check's ``force_flush(0.01)`` right after a ``configure()``, before the retire
+    thread has begun: it only waits for the replaced session's shutdown (the retire thread's,
+    5 s), never runs it with its own 10 ms (which would drop the windows still queued)."""
+    from profkit import _global
+
+    begin = threading.Event()
+    retire = _global._retire
+
+    def held_back(old: object) -> None:
+        begin.wait(10)
+        retire(old)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_global, "_retire", held_back)
+    slow = Slow(0.2)
+    _configure(slow)
+    old = get_session()
+    assert old is not None
+    for _ in range(4):
+        assert work() == 1
+    _configure(Slow(0.0))
+    assert profkit.force_flush(0.01) is False  # not all out yet: said so, nothing cut short
+    begin.set()
+    assert profkit.force_flush(30.0) is True  # the retire thread's shutdown exported them all
+    stats = old.stats.snapshot()
+    assert (stats["sampled"], stats["exported"], stats["dropped"]) == (4, 4, 0)
+    assert slow.windows == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_replaced_sessions_losses_are_logged_where_stats_does_not_show_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``stats()`` reports the current session; the False answer for a replaced one's losses
+    comes with a warning that says what it dropped and why."""
+
+    class Broken:
+        name = "broken"
+
+        def export(self, summary: WindowSummary) -> None:
+            raise ConnectionError("down")
+
+    profkit.configure(sample_every=1, cold_calls=0, exporters=(), extra_exporters=(Broken(),))
+    for _ in range(3):
+        assert work() == 1
+    _configure(Slow(0.0))
+    with caplog.at_level("WARNING", logger="profkit"):
+        assert profkit.force_flush(30.0) is False
+    assert "a replaced session could not export every sampled call" in caplog.text
+    assert "'export_error:broken': 3" in caplog.text
+    assert profkit.stats()["dropped"] == 0  # (the current session's)
+
+
+@pytest.mark.timeout(30)
+def test_calls_nested_on_a_thread_inside_the_lifecycle_do_not_wait_on_themselves() -> None:
+    """A signal handler's ``force_flush()``/``shutdown()`` landing while its thread holds the
+    configure lock, or a session's shutdown lock before it noted itself there: each returns
+    (they waited for ever on a lock their own thread held)."""
+    from profkit import _global
+
+    _configure(Slow(0.0))
+    assert work() == 1
+    with _global._configure_lock:  # (as inside _answered or _swap when the signal lands)
+        assert profkit.force_flush(None) is True
+    session = get_session()
+    assert session is not None
+    with session._shut._lock:  # (as between its acquire and the owner noted)
+        assert profkit.shutdown(None) is True
+    assert session.shut_down

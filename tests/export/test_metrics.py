@@ -463,7 +463,8 @@ def test_flush_and_shutdown_hand_the_sdk_no_more_than_their_timeout_allows(
     """``force_flush(0)`` and ``shutdown(0)`` with thousands of durations waiting: no time
     left, so none is handed to the SDK on the caller's thread (0.3-0.8 s of ``record()``
     calls before); the flush leaves them to the drain thread, the shutdown counts them
-    ``metrics_shed``: what the SDK got plus what was shed is every call."""
+    ``metrics_shed``: what the SDK got plus what was shed is every call. Both say False
+    (True before, with 15,000 still waiting, or shed)."""
     from profkit._global import get_session
 
     @profkit.profiled("burst")
@@ -486,9 +487,9 @@ def test_flush_and_shutdown_hand_the_sdk_no_more_than_their_timeout_allows(
         burst()
     waiting = len(session.metrics._pending) + len(session.metrics._held)
     assert waiting == calls  # (call 0 was sampled: its duration is held for its export)
-    profkit.force_flush(0)
+    assert profkit.force_flush(0) is False  # (measurements still waiting: not all out)
     assert len(session.metrics._pending) + len(session.metrics._held) == waiting
-    profkit.shutdown(0)
+    assert profkit.shutdown(0) is False  # (shed)
     stats = profkit.stats()
     assert stats["metrics_shed"] == waiting
     duration = _metrics(reader).get("profkit.call.duration")  # (none recorded: not there)

@@ -433,3 +433,16 @@ def test_the_drop_seeing_queue_works_in_a_child_forked_while_its_lock_was_held()
                 os._exit(code)
     assert exit_code(pid, 20.0, "the child hung on the queue's lock") == 0
     processor.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_a_span_ended_in_a_signal_handler_inside_the_queue_does_not_hang() -> None:
+    """A handler's span (a SIGTERM handler recording "shutting down") ends while its thread
+    is inside the queue's bookkeeping for another span: it is queued, not stuck on a lock
+    its own thread holds."""
+    processor = CountingBatchSpanProcessor(CountingSpanExporter(FakeExporter([])))
+    queue = processor._batch_processor._queue
+    with queue._lock:  # (as between the queue's check and its insert when the signal lands)
+        processor.on_end(_spans(1)[0])
+    assert len(queue) == 1
+    processor.shutdown()
