@@ -11,6 +11,7 @@ another thread stops nothing, so both run on the loop's own thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -35,9 +36,10 @@ def arm(call: Any) -> None:
     if loop is None or win.calls[0] is not call:  # (a call that joined: its opener armed it)
         return
     loop.call_later(max(0.0, win.deadline - time.monotonic()) + 0.001, checkpoint)
-    if loop not in _watched:
-        _watched.add(loop)
-        weakref.finalize(loop, _loop_gone, threading.get_ident()).atexit = False
+    with contextlib.suppress(TypeError):  # (a loop type without weak references: its timer)
+        if loop not in _watched:
+            _watched.add(loop)
+            weakref.finalize(loop, _loop_gone, threading.get_ident()).atexit = False
 
 
 def _loop_gone(ident: int) -> None:

@@ -402,3 +402,29 @@ def test_an_async_generator_dropped_on_another_thread_stops_nothing_there() -> N
         assert profkit.force_flush(30.0)
     assert [c.label for c in cap.calls] == ["loop_stream"]
     assert cap.calls[0].scopes[0].ops  # recorded, and stopped on its thread: read
+
+
+def test_a_loop_without_weak_references_still_gets_its_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running "loop" object that takes no weak reference (a custom loop with slots): its
+    timer is asked for, and no error is counted for the end it cannot be watched for."""
+    from profkit._capture import loops
+
+    class SlotLoop:
+        __slots__ = ("timers",)
+
+        def __init__(self) -> None:
+            self.timers: list[float] = []
+
+        def call_later(self, delay: float, callback: Any) -> None:
+            self.timers.append(delay)
+
+    loop = SlotLoop()
+    monkeypatch.setattr(loops, "_get_running_loop", lambda: loop)
+    with capture(sample_every=1, cold_calls=0, max_window_s=0.2) as cap:
+        assert 4.0 == _loop_window_sync()
+        assert profkit.force_flush(10.0)
+    assert len(loop.timers) == 1
+    assert 0 < loop.timers[0] <= 0.25
+    assert cap.stats["error_reasons"] == {}
