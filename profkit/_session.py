@@ -210,13 +210,7 @@ class Session(Decider):
         win = SLOT.held  # still held: a call in flight, or idle on its live thread (its next
         left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
-        win = SLOT.held  # idle on its live thread (stopped only there): its calls are counted
-        if (  # now, once (its close counts no more)
-            win is not None
-            and win.keeper is self.keeper
-            and not (win.in_flight or win.handed or win.closing)
-        ):
-            self.pipeline.lose(win, "shutdown", release=False)
+        _count_idle_left(self)
         if self.metrics is not None:
             with guard(self.stats, "metrics"):  # (measurements shed: False)
                 flushed = self.metrics.shutdown(deadline) and flushed
@@ -241,6 +235,18 @@ class Session(Decider):
         self.stats.at_fork_reinit()
         self.refresh_after_fork()
         self.triggered = Triggered()
+
+
+def _count_idle_left(session: Session) -> None:
+    """At shutdown: a window of ``session`` left idle on its live thread (it stops only
+    there) has its calls counted dropped ("shutdown") now, once (its close counts no more)."""
+    win = SLOT.held
+    if (
+        win is not None
+        and win.keeper is session.keeper
+        and not (win.in_flight or win.handed or win.closing)
+    ):
+        session.pipeline.lose(win, "shutdown", release=False)
 
 
 class _Once:
