@@ -37,7 +37,9 @@ __all__ = [
     "remove_profiler_hooks",
 ]
 
-_lock = threading.Lock()
+#: re-entrant: a signal handler's configure() or shutdown() may land while its thread is in
+#: here (each section is short and idempotent)
+_lock = threading.RLock()
 
 
 class _State:

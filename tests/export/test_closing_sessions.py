@@ -236,3 +236,8 @@ def test_calls_nested_on_a_thread_inside_the_lifecycle_do_not_wait_on_themselves
     with session._shut._lock:  # (as between its acquire and the owner noted)
         assert profkit.shutdown(None) is True
     assert session.shut_down
+    from profkit._capture import hooks
+
+    with hooks._lock:  # (as inside configure()'s or shutdown()'s hook bookkeeping)
+        _configure(Slow(0.0))
+        assert profkit.shutdown(5.0) is True
