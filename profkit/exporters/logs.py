@@ -22,6 +22,7 @@ emitted later, off the request path. The host application's structlog configurat
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from typing import Any
 
@@ -43,7 +44,7 @@ class LogExporter(Exporter):
     name = "log"
 
     def __init__(self, logger: Any = None) -> None:
-        self._logger = logger
+        self._logger = _structured(logger)
 
     def export(self, summary: WindowSummary) -> None:
         compact = self._logger is None and not structlog.is_configured()
@@ -67,6 +68,16 @@ class LogExporter(Exporter):
                 logger.info("profkit.op", **head, rank=rank, **op_dict(row))
             if call.batch is not None:
                 _members(logger, call, ids, head)
+
+
+def _structured(logger: Any) -> Any:
+    """A stdlib ``logging.Logger`` (or ``LoggerAdapter``) wrapped in structlog's stdlib
+    ``BoundLogger``: its ``info(msg)`` takes no event fields (``TypeError`` on every call, so
+    every sampled call was dropped); wrapped, the events go through the host application's
+    structlog processors and reach that logger as one message each."""
+    if isinstance(logger, logging.Logger | logging.LoggerAdapter):
+        return structlog.wrap_logger(logger, wrapper_class=structlog.stdlib.BoundLogger)
+    return logger
 
 
 def _members(logger: Any, call: CallSummary, ids: dict[str, str], head: dict[str, Any]) -> None:

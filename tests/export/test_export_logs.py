@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -163,6 +164,37 @@ def test_configured_logger_is_used() -> None:
     assert {r[1] for r in logger.records[1:]} == {"profkit.op"}
     span_ids = {r[2]["span_id"] for r in logger.records}
     assert len(span_ids) == 1
+
+
+class _Records(logging.Handler):
+    """Keeps every record a stdlib logger handles."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("adapter", [False, True])
+def test_a_stdlib_logger_given_as_logger_gets_every_event(adapter: bool) -> None:
+    """configure(logger=logging.getLogger(...)) delivers the events there, none dropped."""
+    handler = _Records()
+    stdlib = logging.getLogger("profkit-test.stdlib-logger")
+    stdlib.addHandler(handler)
+    stdlib.setLevel(logging.INFO)
+    given: Any = logging.LoggerAdapter(stdlib, {}) if adapter else stdlib
+    try:
+        with capture(sample_every=1, exporters=("log",), logger=given, top_k=3) as cap:
+            predict(BATCH)
+            flushed = profkit.force_flush(10.0)
+    finally:
+        stdlib.removeHandler(handler)
+    assert (True, 1, {}) == (flushed, cap.stats["exported"], cap.stats["dropped_reasons"])
+    messages = [r.getMessage() for r in handler.records]
+    assert 1 == sum("profkit.profile" in m for m in messages)
+    assert 4 == sum("profkit.op" in m for m in messages)  # top 3 and "other"
 
 
 def test_json_lines_exporter(capsys: pytest.CaptureFixture[str]) -> None:
