@@ -224,7 +224,7 @@ class SpanExporter(Exporter):
                 )
             )
         if call.error is not None:
-            _record_error(spans[0], call)
+            _record_error(spans[0], call, at_ns=call.scopes[0].end_ns)
         recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
@@ -294,8 +294,12 @@ def _no_ids(call: CallSummary) -> CallSummary:
     return dataclasses.replace(call, trace_id="", span_id="", batch=batch)
 
 
-def _record_error(span: Span, call: CallSummary) -> None:
-    """Status ERROR and an ``exception`` event, from the call's bounded error text."""
+def _record_error(span: Span, call: CallSummary, *, at_ns: int) -> None:
+    """Status ERROR and an ``exception`` event, from the call's bounded error text.
+
+    The event is timed at ``at_ns``, when the call ended (the exception left it there): the
+    span is made later, on the export worker, whose clock would put it past the span's end.
+    """
     text = call.error_text
     if text is None:  # a summary not built by profkit: bounded here, at the default limit
         assert call.error is not None
@@ -308,4 +312,5 @@ def _record_error(span: Span, call: CallSummary) -> None:
             "exception.message": text.message,
             "exception.stacktrace": text.stacktrace,
         },
+        timestamp=at_ns,
     )

@@ -209,6 +209,14 @@ def test_error_status_and_exception_propagates_unchanged() -> None:
     assert cap.stats["exported"] == 1
 
 
+def test_exception_event_is_at_the_end_of_its_span() -> None:
+    """A raising call's exception event is timed when the call ended, inside its span."""
+    with capture(sample_every=1) as cap, pytest.raises(ValueError):
+        failing(BATCH)
+    root = next(s for s in cap.spans() if s.name == "failing")
+    assert [root.end_time] == [e.timestamp for e in root.events if e.name == "exception"]
+
+
 def test_ok_calls_have_unset_status_and_no_events() -> None:
     """A call that returns normally carries no status and no span events (rows are logs)."""
     with capture(sample_every=1) as cap:
