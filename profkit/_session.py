@@ -18,7 +18,7 @@ from ._capture.decide import Decider, Decision
 from ._capture.foreign import wait_for_other_thread
 from ._capture.keeper import WindowKeeper, close_idle, install_hooks
 from ._capture.slot import SLOT
-from ._capture.window import make_profiler, prime
+from ._capture.window import Window, make_profiler, prime
 from ._config import Config
 from ._deadline import Deadline
 from ._errors import guard
@@ -34,6 +34,19 @@ from ._targeting.slow import LatencyBook, Speculation, Timed
 from ._targeting.verdict import judge
 
 __all__ = ["Decision", "Session"]
+
+
+def _holds_ended_calls(win: Window) -> bool:
+    """Whether an open window still holds calls that ended, which no flush can export now.
+
+    Idle and open (``window`` > 1 waiting on a live thread: another thread cannot close a
+    thread-local profiler), or running a later call while an earlier one it recorded has
+    ended (on any thread: the window records on until that call ends). Not a full one
+    with no call running: that one is on its way to the pipeline.
+    """
+    if not win.in_flight:
+        return not win.full
+    return any(c.done and not c.warmup and c.policy.exported for c in list(win.calls))
 
 
 class Session(Decider):
@@ -172,9 +185,7 @@ class Session(Decider):
         """
         self.close_idle_window()
         win = SLOT.held
-        waiting = (  # idle and open: not a full one on its way to the pipeline
-            win is not None and win.keeper is self.keeper and not win.in_flight and not win.full
-        )
+        waiting = win is not None and win.keeper is self.keeper and _holds_ended_calls(win)
         deadline = Deadline(timeout)
         flushed = self.pipeline.force_flush(deadline, answering)
         if self.metrics is not None:

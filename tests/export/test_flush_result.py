@@ -238,6 +238,60 @@ def test_force_flush_from_another_thread_says_false_while_a_window_waits() -> No
     profkit.shutdown(10.0)
 
 
+@profkit.profiled("flushing")
+def flushing(results: list[tuple[bool, int, int]]) -> None:
+    """Flushes from inside the call, and notes what the flush said and the counts then."""
+    flushed = profkit.force_flush(5.0)
+    stats = profkit.stats()
+    results.append((flushed, stats["sampled"], stats["exported"]))
+
+
+def test_force_flush_inside_a_windows_later_call_says_false_for_its_ended_calls() -> None:
+    """``window=3``: a flush inside the second call cannot export the first one, which
+    ended before it (the window records on): it says False; the flush after says True."""
+    collected = CaptureExporter()
+    profkit.configure(
+        **_settings(),  # type: ignore[arg-type]
+        exporters=(),
+        extra_exporters=(collected,),
+        window=3,
+    )
+    results: list[tuple[bool, int, int]] = []
+    work()  # the window's first call ends: recorded, pending until the window closes
+    flushing(results)
+    assert [(False, 2, 0)] == results
+    work()  # the window is full: handed off
+    assert profkit.force_flush(10.0) is True
+    assert 3 == len(collected.calls)
+    profkit.shutdown(10.0)
+
+
+def test_force_flush_while_a_window_runs_its_later_call_on_another_thread_says_false() -> None:
+    """``window=2``, its second call running on its thread: a flush from another thread
+    cannot export the first call, which ended before it, and says False."""
+    collected = CaptureExporter()
+    profkit.configure(
+        **_settings(),  # type: ignore[arg-type]
+        exporters=(),
+        extra_exporters=(collected,),
+        window=2,
+    )
+    results: list[bool] = []
+
+    @profkit.profiled("work")
+    def work_flushed_elsewhere() -> None:
+        flusher = threading.Thread(target=lambda: results.append(profkit.force_flush(5.0)))
+        flusher.start()
+        flusher.join(10)
+
+    work()
+    work_flushed_elsewhere()  # the window's second call: the flush runs while it runs
+    assert [False] == results
+    assert profkit.force_flush(10.0) is True
+    assert 2 == len(collected.calls)
+    profkit.shutdown(10.0)
+
+
 def test_calls_into_a_shut_down_provider_are_dropped_not_exported() -> None:
     """However the provider is shut down, spans made after that count as dropped."""
     spans = InMemorySpanExporter()
