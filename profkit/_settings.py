@@ -241,7 +241,9 @@ def _path(value: Any) -> Any:
 
 
 def _has(value: Any, *methods: str) -> bool:
-    return all(callable(getattr(value, m, None)) for m in methods)
+    """Whether ``value`` is an object with these methods: a class has them too, unbound,
+    and every call then fails (``TracerProvider`` given for ``TracerProvider()``)."""
+    return not isinstance(value, type) and all(callable(getattr(value, m, None)) for m in methods)
 
 
 SIGNAL = _meta(

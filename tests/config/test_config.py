@@ -8,6 +8,7 @@ import pytest
 import structlog
 import torch
 from fresh_interpreter import run_fresh
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 import profkit
@@ -43,6 +44,23 @@ from profkit.testing import CaptureExporter
 )
 def test_bad_arguments_raise_value_error_naming_the_setting(settings: dict, name: str) -> None:
     """Each bad argument raises ValueError whose message names the setting."""
+    with pytest.raises(ValueError, match=name):
+        profkit.configure(**settings)
+    assert get_session() is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"tracer_provider": TracerProvider}, "tracer_provider"),
+        ({"meter_provider": MeterProvider}, "meter_provider"),
+        ({"logger": structlog.stdlib.BoundLogger}, "logger"),
+        ({"extra_exporters": (CaptureExporter,)}, "extra_exporters"),
+    ],
+    ids=["tracer_provider", "meter_provider", "logger", "extra_exporters"],
+)
+def test_a_class_given_for_an_object_setting_is_a_value_error(settings: dict, name: str) -> None:
+    """The class where an instance belongs (its methods are there, unbound) is refused."""
     with pytest.raises(ValueError, match=name):
         profkit.configure(**settings)
     assert get_session() is None
