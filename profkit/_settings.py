@@ -309,9 +309,23 @@ LOGGER = object_setting(
     lambda v: v is None or _has(v, "info", "warning"),
     "a logger with info() and warning() methods, or None",
 )
+
+
+def _profkit_exporter(value: Any) -> bool:
+    """An object with ``export()``, and not an OpenTelemetry ``SpanExporter``: that one
+    takes spans (its ``export(spans)`` fails on every summary); it goes on the
+    TracerProvider, in a span processor."""
+    if not _has(value, "export"):
+        return False
+    from opentelemetry.sdk.trace.export import SpanExporter  # (only for this rule)
+
+    return not isinstance(value, SpanExporter)
+
+
 EXPORTER_OBJECTS = object_setting(
-    lambda v: isinstance(v, tuple) and all(_has(e, "export") for e in v),
-    "a tuple of objects with an export() method",
+    lambda v: isinstance(v, tuple) and all(_profkit_exporter(e) for e in v),
+    "a tuple of objects with an export() method (not OpenTelemetry SpanExporters: those go "
+    "on the TracerProvider, in a span processor)",
     accepts="Sequence[Exporter]",
     coerce=_listed,
 )

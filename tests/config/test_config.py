@@ -10,6 +10,7 @@ import torch
 from fresh_interpreter import run_fresh
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import profkit
 from profkit._config import ENV_VARS, build_config
@@ -63,6 +64,14 @@ def test_a_class_given_for_an_object_setting_is_a_value_error(settings: dict, na
     """The class where an instance belongs (its methods are there, unbound) is refused."""
     with pytest.raises(ValueError, match=name):
         profkit.configure(**settings)
+    assert get_session() is None
+
+
+def test_an_opentelemetry_span_exporter_in_extra_exporters_is_a_value_error() -> None:
+    """An OTel SpanExporter (export(spans)) is not a profkit exporter: a ValueError says where"""
+    with pytest.raises(ValueError, match="extra_exporters") as info:
+        profkit.configure(extra_exporters=[InMemorySpanExporter()])
+    assert "TracerProvider" in str(info.value)
     assert get_session() is None
 
 
