@@ -29,6 +29,7 @@ from ..exporters.console import ConsoleExporter, JsonLinesExporter
 from ..exporters.logs import LogExporter
 from ..exporters.otel import SpanExporter
 from .runner import Runner as _Runner
+from .runner import name_of
 
 __all__ = ["Fanout", "build_exporters"]
 
@@ -45,7 +46,7 @@ class _Adapted(Exporter):
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        self.name = str(getattr(target, "name", "") or type(target).__name__)
+        self.name = name_of(target)
         self._flush = getattr(target, "force_flush", None)
         inherited = isinstance(target, Exporter) and not _flushes(target)  # (the base's no-op)
         self.flushes = self._flush is not None and not inherited

@@ -20,9 +20,25 @@ from typing import Any
 from .._compat import hold_signals
 from .._deadline import MAX_GIVEN_S, Deadline
 from .._stats import Stats
+from .._text import clean
 from ..exporters import Exporter
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "name_of"]
+
+
+#: longest exporter name profkit writes (thread names, ``stats()`` reason keys)
+_NAME_LIMIT = 64
+
+
+def name_of(exporter: Any) -> str:
+    """An exporter's ``name`` as one bounded line: its class's name when it has none, or
+    when reading it raises (an exporter's property is not allowed to fail ``configure()``)."""
+    try:
+        name = getattr(exporter, "name", None)
+        text = name if isinstance(name, str) else ("" if name is None else str(name))
+    except Exception:
+        text = ""
+    return clean(text or type(exporter).__name__, _NAME_LIMIT)
 
 
 class _Job:
@@ -64,7 +80,7 @@ class Runner:
     def __init__(self, exporter: Exporter, stats: Stats, thread: str = "") -> None:
         self.exporter = exporter
         self.stats = stats  # its CPU time per call is profkit's: charged to stats.cpu
-        self.name = exporter.name or type(exporter).__name__
+        self.name = name_of(exporter)
         self._thread_name = f"profkit-{thread or self.name}"
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.RLock()

@@ -194,3 +194,56 @@ def test_exporter_that_recovers_is_used_again() -> None:
     assert cap.stats["error_reasons"] == {"export_timeout:slow": 1}
     assert cap.stats["dropped_reasons"] == {"export_timeout:slow": 1}
     assert cap.stats["exported"] == 2
+
+
+class Named(profkit.Exporter):
+    """Fails every export, under a name given at construction (or a name that raises)."""
+
+    def __init__(self, name: Any) -> None:
+        self._name = name
+
+    @property
+    def name(self) -> Any:  # type: ignore[override]
+        if isinstance(self._name, BaseException):
+            raise self._name
+        return self._name
+
+    def export(self, summary: WindowSummary) -> None:
+        raise ValueError("bad")
+
+
+class NamedDuck:
+    """The same, duck-typed (no Exporter base class)."""
+
+    def __init__(self, name: Any) -> None:
+        self._inner = Named(name)
+
+    @property
+    def name(self) -> Any:
+        return self._inner.name
+
+    def export(self, summary: WindowSummary) -> None:
+        self._inner.export(summary)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("swallow_internal_errors")
+@pytest.mark.parametrize("kind", [Named, NamedDuck], ids=["subclass", "duck"])
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        (RuntimeError("no name"), "export_error:Named"),
+        ("line\nbreak" + "x" * 500, "export_error:line\\nbreak" + "x" * 52 + "…"),
+        (42, "export_error:42"),
+    ],
+    ids=["raising", "long-with-newline", "not-a-str"],
+)
+def test_an_exporter_s_name_is_read_safely_and_bounded(kind: Any, name: Any, reason: str) -> None:
+    """An exporter whose name raises, is not a str, or is long or multi-line still gets a
+    session; its reason keys in stats() are one bounded line."""
+    exporter = kind(name)
+    if isinstance(name, BaseException) and kind is NamedDuck:
+        reason = "export_error:NamedDuck"
+    with capture(sample_every=1, extra_exporters=[exporter]) as cap:
+        assert torch.equal(EXPECTED, predict(BATCH))
+    assert {reason: 1} == cap.stats["dropped_reasons"]
