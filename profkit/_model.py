@@ -82,6 +82,9 @@ class ScopeSummary:
     self_device_us: float
     code: CodeInfo | None = None
     timing: Literal["profiler", "python"] = "profiler"
+    error: ErrorText | None = None
+    """The exception that left this scope, as bounded text (the root's is the call's
+    ``error_text``); None when the scope ended normally."""
 
     @property
     def duration_us(self) -> float:

@@ -60,6 +60,8 @@ class ScopeRecord:
     and its nested scopes', are those on its thread inside these). The root's, of a sampled
     coroutine or generator: its own steps alone, without its child tasks' (the scopes nested
     in the root's task take their ops from these; ``CallRecord.intervals`` has both)."""
+    error: BaseException | None = None
+    """The exception that left the scope (its span's status is ERROR), if one did."""
 
     def close(self) -> Exception | None:
         """Close the range and take the end time; returns what the range's exit raised.

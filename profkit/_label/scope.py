@@ -262,7 +262,10 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         return
     call = entered.call
     try:
-        failure = call.scopes[entered.scope].close()
+        scope = call.scopes[entered.scope]
+        if error is not None and not isinstance(error, GeneratorExit):  # (a closed stream)
+            scope.error = error
+        failure = scope.close()
         if failure is not None:
             _count(entered.session, "record_function", failure)
     finally:

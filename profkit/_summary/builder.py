@@ -279,6 +279,7 @@ def _build_call(
     attribution, per_scope = _attribute(index, call, marks, intervals, all_threads)
     scopes = []
     compile_us = 0.0
+    error_text = ErrorText.of(call.error, limit) if call.error is not None else None
     for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
         evs, compiles = index.split_compiles(per_scope[i])
@@ -303,6 +304,7 @@ def _build_call(
                 self_device_us=sum(r.self_device_us for r in rows if r.is_kernel),
                 code=_clean_code(rec.code, limit),
                 timing="profiler" if mark is not None else "python",
+                error=_scope_error(rec.error, call.error, error_text, limit),
             )
         )
     device_active = any(v.device for evs in per_scope for v in evs)
@@ -315,7 +317,7 @@ def _build_call(
         policy=call.policy_name,
         attribution=attribution,
         error=call.error,
-        error_text=ErrorText.of(call.error, limit) if call.error is not None else None,
+        error_text=error_text,
         thread_name=call.thread_name,
         truncated=call.truncated,
         slow_threshold_ms=call.slow_threshold_ms,
@@ -379,6 +381,21 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
         else:
             out[name] = clean(as_label(value), limit)
     return out
+
+
+def _scope_error(
+    error: BaseException | None,
+    call_error: BaseException | None,
+    call_text: ErrorText | None,
+    limit: int,
+) -> ErrorText | None:
+    """The exception that left a scope, as text: the call's own when it is the same one (the
+    exception of a raising call leaves each scope on its way out), made once."""
+    if error is None:
+        return None
+    if error is call_error and call_text is not None:
+        return call_text
+    return ErrorText.of(error, limit)
 
 
 def _clean_code(code: CodeInfo | None, limit: int) -> CodeInfo | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from .._model import CallSummary, OpRow
+from .._model import CallSummary, OpRow, ScopeSummary
 
 __all__ = ["batch_members", "call_extras", "call_fields", "call_ids", "iso_time", "op_dict"]
 
@@ -94,15 +94,7 @@ def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
         "window_id": call.window_id,
         "policy": call.policy,
         "attribution": call.attribution,
-        "regions": [
-            {
-                "region": s.label,
-                "start_us": round((s.start_ns - root.start_ns) / 1000.0, 3),
-                "duration_us": round(s.duration_us, 3),
-                "parent": s.parent,
-            }
-            for s in call.scopes[1:]
-        ],
+        "regions": [_region(s, root.start_ns) for s in call.scopes[1:]],
     }
     if with_ops:
         out["top_ops"] = [op_dict(r) for r in root.ops]
@@ -119,6 +111,20 @@ def call_fields(call: CallSummary, *, with_ops: bool = True) -> dict[str, Any]:
         out["amdahl"] = [
             {"what": w, "fraction": round(f, 4), "max_speedup": round(s, 3)} for w, f, s in d.amdahl
         ]
+    return out
+
+
+def _region(scope: ScopeSummary, root_start_ns: int) -> dict[str, Any]:
+    """One nested scope of the event's ``regions``; ``error``, the exception's type, only
+    when an exception left it."""
+    out: dict[str, Any] = {
+        "region": scope.label,
+        "start_us": round((scope.start_ns - root_start_ns) / 1000.0, 3),
+        "duration_us": round(scope.duration_us, 3),
+        "parent": scope.parent,
+    }
+    if scope.error is not None:
+        out["error"] = scope.error.type
     return out
 
 

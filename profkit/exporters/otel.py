@@ -224,7 +224,10 @@ class SpanExporter(Exporter):
                 )
             )
         if call.error is not None:
-            _record_error(spans[0], call, at_ns=call.scopes[0].end_ns)
+            _record_error(spans[0], _call_error_text(call), at_ns=call.scopes[0].end_ns)
+        for span, scope in zip(spans[1:], call.scopes[1:], strict=True):
+            if scope.error is not None:  # as OpenTelemetry's own spans: status and event
+                _record_error(span, scope.error, at_ns=scope.end_ns)
         recorded = spans[0].is_recording()  # False: a no-op provider, or its sampler dropped it
         for span, scope in reversed(list(zip(spans, call.scopes, strict=True))):
             span.end(end_time=scope.end_ns)
@@ -294,16 +297,21 @@ def _no_ids(call: CallSummary) -> CallSummary:
     return dataclasses.replace(call, trace_id="", span_id="", batch=batch)
 
 
-def _record_error(span: Span, call: CallSummary, *, at_ns: int) -> None:
-    """Status ERROR and an ``exception`` event, from the call's bounded error text.
+def _call_error_text(call: CallSummary) -> ErrorText:
+    """The call's bounded error text (made here, at the default limit, for a summary that
+    profkit did not build)."""
+    if call.error_text is not None:
+        return call.error_text
+    assert call.error is not None
+    return ErrorText.of(call.error, _DEFAULT_TEXT_LIMIT)
 
-    The event is timed at ``at_ns``, when the call ended (the exception left it there): the
-    span is made later, on the export worker, whose clock would put it past the span's end.
+
+def _record_error(span: Span, text: ErrorText, *, at_ns: int) -> None:
+    """Status ERROR and an ``exception`` event, from an exception's bounded text.
+
+    The event is timed at ``at_ns``, when the exception left the scope: the span is made
+    later, on the export worker, whose clock would put it past the span's end.
     """
-    text = call.error_text
-    if text is None:  # a summary not built by profkit: bounded here, at the default limit
-        assert call.error is not None
-        text = ErrorText.of(call.error, _DEFAULT_TEXT_LIMIT)
     span.set_status(Status(StatusCode.ERROR, text.description))
     span.add_event(
         "exception",

@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 
 import profkit
+from profkit.exporters._rows import call_fields
 from profkit.testing import capture
 
 torch.manual_seed(0)
@@ -215,6 +216,71 @@ def test_exception_event_is_at_the_end_of_its_span() -> None:
         failing(BATCH)
     root = next(s for s in cap.spans() if s.name == "failing")
     assert [root.end_time] == [e.timestamp for e in root.events if e.name == "exception"]
+
+
+@profkit.profiled("tolerant")
+def tolerant(batch: torch.Tensor) -> torch.Tensor:
+    """A stage that fails and is recovered from: the call itself returns."""
+    with profkit.region("outer"):
+        try:
+            with profkit.region("fragile"):
+                MODEL(batch)
+                raise KeyError("cache miss")
+        except KeyError:
+            pass
+        with profkit.region("fallback"), torch.no_grad():
+            out: torch.Tensor = MODEL(batch)
+    return out
+
+
+def test_a_region_left_by_an_exception_has_error_status_and_its_event() -> None:
+    """A region an exception left is an ERROR span with an exception event at its end, as
+    OpenTelemetry's own spans are; the regions it did not leave, and the call, stay UNSET."""
+    with capture(sample_every=1) as cap:
+        tolerant(BATCH)
+    by_name = {s.name: s for s in cap.spans()}
+    fragile = by_name["fragile"]
+    assert (StatusCode.ERROR, "KeyError: 'cache miss'") == (
+        fragile.status.status_code,
+        fragile.status.description,
+    )
+    events = [(e.name, e.timestamp, dict(e.attributes or {})) for e in fragile.events]
+    assert [("exception", fragile.end_time)] == [(n, t) for n, t, _ in events]
+    assert ("KeyError", "'cache miss'") == (
+        events[0][2]["exception.type"],
+        events[0][2]["exception.message"],
+    )
+    assert "raise KeyError" in str(events[0][2]["exception.stacktrace"])
+    regions = {r["region"]: r.get("error") for r in call_fields(cap.calls[0])["regions"]}
+    assert {"outer": None, "fragile": "KeyError", "fallback": None} == regions
+    others = {n: s.status.status_code for n, s in by_name.items() if n != "fragile"}
+    assert {
+        "tolerant": StatusCode.UNSET,
+        "outer": StatusCode.UNSET,
+        "fallback": StatusCode.UNSET,
+    } == others
+
+
+@profkit.profiled("failing_inside")
+def failing_inside(batch: torch.Tensor) -> None:
+    """Raises inside a region inside a region."""
+    with profkit.region("load"):
+        batch.sum()
+    with profkit.region("outer"), profkit.region("inner"):
+        raise ValueError("bad input")
+
+
+def test_a_raising_call_s_regions_on_the_way_out_are_errors_too() -> None:
+    """The exception of a raising call marks each region it passed through, and the call;
+    a region it did not pass through stays UNSET."""
+    with capture(sample_every=1) as cap, pytest.raises(ValueError):
+        failing_inside(BATCH)
+    assert {
+        "failing_inside": StatusCode.ERROR,
+        "load": StatusCode.UNSET,
+        "outer": StatusCode.ERROR,
+        "inner": StatusCode.ERROR,
+    } == {s.name: s.status.status_code for s in cap.spans()}
 
 
 def test_ok_calls_have_unset_status_and_no_events() -> None:
