@@ -20,6 +20,7 @@ request object) is counted (``batch_members_invalid``) and left out, bad ``weigh
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -242,9 +243,15 @@ def _in_unsampled_trace(sc: Any) -> bool:
 
 
 def _weights(items: list[Any], weights: Any) -> list[float] | None:
-    """The weights of the tokens in ``items``, or None when they cannot be used."""
+    """The weights of the tokens in ``items``, or None when they cannot be used.
+
+    A weight is a real number, numpy's included; a numpy array or a tensor (context lengths,
+    ``mask.sum(1)``) gives its numbers as Python's (``tolist()``: one copy, not one 0-d
+    tensor per member).
+    """
     try:
-        given = list(weights)
+        to_list = getattr(weights, "tolist", None)
+        given = list(to_list() if callable(to_list) else weights)
     except Exception as exc:
         if _errors.foreign(exc):
             raise
@@ -255,11 +262,13 @@ def _weights(items: list[Any], weights: Any) -> list[float] | None:
     for item, w in zip(items, given, strict=True):
         if item.__class__ is not BatchMember:
             continue
-        if isinstance(w, bool) or not isinstance(w, (int, float)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real):
             return None
         try:
             value = float(w)
-        except OverflowError:  # an int past float's range
+        except Exception as exc:  # an int past float's range, a Real whose float() fails
+            if _errors.foreign(exc):
+                raise
             return None
         if not math.isfinite(value) or value < 0:
             return None

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import structlog
 import torch
@@ -352,6 +353,34 @@ def test_weights_past_float_s_range_and_sums_that_overflow(
     assert [0.5, 0.5] == [(m.attributes or {})["profkit.batch.share"] for m in big]
     assert [True, True] == [(m.attributes or {})["profkit.batch.weighted"] for m in big]
     assert (1, 0) == (cap.stats["batch_weights_invalid"], cap.stats["errors"])
+
+
+def test_weights_as_numpy_numbers_arrays_and_tensors_give_their_shares(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """Weights from numpy (int64, float32 numbers or an array) or a 1-D tensor of context
+    lengths are numbers: their shares, not equal shares and a bad-weights count."""
+    with batching(provider) as (cap, tracer):
+        members = []
+        for _ in range(2):
+            with tracer.start_as_current_span("request"):
+                members.append(profkit.batch_member())
+        given = {
+            "np_int": [np.int64(1), np.int64(3)],
+            "np_f32": [np.float32(1.0), np.float32(3.0)],
+            "np_array": np.array([1, 3]),
+            "tensor": torch.tensor([1, 3]),
+        }
+        for label, weights in given.items():
+            with profkit.batch(label, members, weights=weights):
+                pass
+    spans = cap.spans()
+    shares = {}
+    for label in given:
+        _, member_spans = _batch_and_members(spans, label)
+        shares[label] = [(m.attributes or {})["profkit.batch.share"] for m in member_spans]
+    assert {label: [0.25, 0.75] for label in given} == shares
+    assert (0, 0) == (cap.stats["batch_weights_invalid"], cap.stats["errors"])
 
 
 def test_a_batch_inside_a_profiled_call_is_a_region(
