@@ -216,7 +216,8 @@ def _valid(
 
     What is not a token is counted and left out (``batch_members_invalid``); weights that
     are not one finite number >= 0 per member, with a positive sum, are counted
-    (``batch_weights_invalid``) and give equal shares.
+    (``batch_weights_invalid``) and give equal shares; with no token there is nothing to
+    weigh (an empty batch's empty weights are not bad ones).
     """
     try:
         items = list(members)
@@ -229,7 +230,7 @@ def _valid(
     if len(valid) != len(items):
         stats.add("batch_members_invalid", len(items) - len(valid))
     asked = any(m.asked and not _in_unsampled_trace(m.span_context) for m in valid)
-    if weights is None:
+    if weights is None or not valid:  # no member: no share to weigh, nothing wrong with them
         return valid, None, asked
     chosen = _weights(items, weights)
     if chosen is None:

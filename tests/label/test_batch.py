@@ -383,6 +383,23 @@ def test_weights_as_numpy_numbers_arrays_and_tensors_give_their_shares(
     assert (0, 0) == (cap.stats["batch_weights_invalid"], cap.stats["errors"])
 
 
+def test_an_empty_batch_with_its_empty_weights_counts_no_bad_weights(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """No member, no weight (a decode step whose sequences all left): nothing is wrong with
+    the weights; a batch of only non-tokens counts the members, not their good weights."""
+    with batching(provider) as (cap, _):
+        with profkit.batch("idle", [], weights=[]):
+            pass
+        with profkit.batch("foreign", [None, "request"], weights=[1, 2]):
+            pass
+    assert (0, 2, 0) == (
+        cap.stats["batch_weights_invalid"],
+        cap.stats["batch_members_invalid"],
+        cap.stats["errors"],
+    )
+
+
 def test_a_batch_inside_a_profiled_call_is_a_region(
     provider: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
