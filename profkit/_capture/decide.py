@@ -8,9 +8,11 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
 1. A window this thread holds is checked first (the checkpoint: cut short past
    ``max_window_s``, closed when done). A call in an unsampled trace never joins it
    (``skipped_unsampled_trace``); a call may join one with room: a ``window`` > 1 window as
-   ``WINDOW``; a speculative one as ``TRIGGER`` (a pending trigger), ``BAGGAGE`` (if the
-   rate cap and the budget allow), or ``SPECULATIVE`` (a generator never: its first yield
-   would cut the window short).
+   ``WINDOW``; a speculative one as ``TRIGGER`` (a pending trigger), ``BAGGAGE`` or
+   ``SAMPLER`` (the label's 1 in N, or the ratio, picks it: a pick is not lost to a
+   speculation; either if the rate cap and the budget allow), or ``SPECULATIVE`` (a
+   generator never: its first yield would cut the window short; a generator's pick is then
+   ``skipped_busy``).
 2. A call in a trace that was not sampled: ``skipped_unsampled_trace`` (its spans would never
    be exported), before anything below is spent.
 
@@ -53,25 +55,24 @@ charged 256 times that to the overhead budget (:func:`_timed`, docs/performance.
 from __future__ import annotations
 
 import collections
-import contextlib
-import enum
 import time
 from asyncio import _get_running_loop
-from typing import Any, TypeAlias
+from typing import Any
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from .._compat import BAGGAGE_KEY, SPAN_KEY, otel_current
 from .._config import Config
 from .._export.pipeline import ExportPipeline
-from .._overhead import MAX_BASELINES, Baselines, Control, clock_cost_ns
+from .._overhead import clock_cost_ns
 from .._records import CallRecord, Policy
 from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
-from .._text import escape
+from .controls import Controls
 from .gate import Gate
 from .keeper import WindowKeeper, held_here
+from .kinds import CONTROLLED, OFF, PROFILED, TIMED, Decision, Kind
 from .slot import SLOT
 
 __all__ = [
@@ -98,25 +99,6 @@ _TIMED_EVERY, _TIMED_CAP_NS, _TIMED_KEPT = 256, 50_000, 9  # (decide's mask: a l
 _thread_ns = time.thread_time_ns
 
 
-class Kind(enum.Enum):
-    """What a root call does: nothing, get timed (``capture_slow``), or run profiled."""
-
-    OFF = "off"
-    TIMED = "timed"
-    CONTROLLED = "control"
-    PROFILED = "profiled"
-
-
-#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)``, ``(Kind.CONTROLLED,
-#: Control)`` or ``(Kind.PROFILED, CallRecord)``: a tuple, so that the off-sample path
-#: returns one shared constant and a timed call builds no object of its own
-Decision: TypeAlias = tuple[Kind, Any]
-OFF: Decision = (Kind.OFF, None)
-TIMED = Kind.TIMED
-CONTROLLED = Kind.CONTROLLED
-PROFILED = Kind.PROFILED
-
-
 def asks_to_profile(ctx: Any) -> bool:
     """Whether the OTel baggage in ``ctx`` holds ``profkit.profile`` = 1, true or yes.
 
@@ -131,52 +113,6 @@ def make_sampler(config: Config) -> Sampler:
     if config.sample_rate is not None:
         return TraceIdRatio(config.sample_rate, cold=config.cold_calls)
     return EveryN(config.every or 100, cold=config.cold_calls)
-
-
-class Controls:
-    """The control calls (rule 5, 4c in docs/reliability.md): each label's baseline, and the
-    labels whose next unprofiled call is one, marked as a sampled call of theirs ends where
-    the sampler gives no :data:`CONTROL` answers of its own (``sample_every=1``, a ratio)."""
-
-    def __init__(self, sampler: Sampler) -> None:
-        self.baselines = Baselines()
-        #: labels as summaries name them, oldest first (an ordered set), bounded
-        self.due: dict[str, None] = {}
-        self._marks = not (isinstance(sampler, EveryN) and sampler.n > 1)
-        #: each label's CONTROL answers so far (a label with a full baseline takes 1 in 4)
-        self._answers: dict[str, int] = {}
-
-    def make(self, label: str, timed: Any, key: str | None = None) -> Decision | None:
-        """A control call of ``label``, unless an asyncio loop runs on this thread; once its
-        baseline holds five, one answer in four (one costs ~1.5 µs: two system calls)."""
-        if _get_running_loop() is not None:
-            return None
-        key = key or escape(label)
-        if self.baselines.count(key) >= 5:
-            answers = self._answers
-            n = answers.get(key, 0) + 1
-            if len(answers) < MAX_BASELINES or key in answers:
-                answers[key] = n
-            if n % 4:
-                return None
-        return (CONTROLLED, Control(self.baselines, timed, label, key))
-
-    def take_due(self, label: str, timed: Any) -> Decision | None:
-        """A control call if ``label`` is due one (then no longer), else None."""
-        key = escape(label)
-        if self.due.pop(key, 0) is not None or _get_running_loop() is not None:
-            return None  # (a due label's value is None: a missing one gives 0)
-        return (CONTROLLED, Control(self.baselines, timed, label, key))
-
-    def sampled_ended(self, key: str) -> None:
-        """A sampled plain root of ``key`` ended: its label's next unprofiled call is due."""
-        if self._marks:
-            due = self.due
-            due.pop(key, None)
-            if len(due) >= MAX_BASELINES:
-                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-                    del due[next(iter(due))]  # (raced by another thread's mark)
-            due[key] = None
 
 
 class Decider:
@@ -247,7 +183,7 @@ class Decider:
         if SLOT.held is not None:
             win = held_here(self._keeper)
             if win is not None:
-                return self._join(win, label, parent, otel, speculate, asked)
+                return _join(self, win, label, parent, otel, speculate, asked)
         # the sampled bit first: one int operation on the usual path (a sampled trace)
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._unsampled)  # lock-free, like the root count
@@ -311,37 +247,6 @@ class Decider:
         self._roots, self._unsampled = self._stats.roots, self._stats.unsampled_traces
         self._stats.shared_label_calls = self.picks.shared_calls
 
-    def _join(
-        self,
-        win: Any,
-        label: str,
-        parent: SpanContext | None,
-        otel: Any,
-        speculate: bool,
-        asked: bool,
-    ) -> Decision:
-        """Join the window this thread holds (it has room), or not (see rule 1)."""
-        if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
-            next(self._stats.unsampled_traces)
-            return self._off()
-        keeper = self._keeper
-        if not win.speculative:  # the window's later calls: not the sampler's, not counted
-            return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
-        cold = next(self._by_label.get(label) or self._first(label)) is COLD
-        if self.triggered.take(label):
-            return _joined(keeper.join(win, Policy.TRIGGER, parent), cold)
-        if asked or (self._baggage and otel and asks_to_profile(otel)):
-            refused = self._refused() or (
-                None if keeper.spend_rate_token() else "skipped_rate_limit"
-            )
-            if refused is not None:
-                next(self._stats.refused[refused])
-                return self._off()  # recorded by the window's profiler all the same, never read
-            return _joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
-        if not speculate or cold:  # a generator: its first yield would cut the window short;
-            return self._off()  # a cold call is not judged against the label's warm calls
-        return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
-
     def _open(
         self,
         policy: Policy,
@@ -378,6 +283,52 @@ class Decider:
                 return (PROFILED, call)
             spec.refused()
         return (TIMED, time.perf_counter_ns())
+
+
+def _join(
+    decider: Decider,
+    win: Any,
+    label: str,
+    parent: SpanContext | None,
+    otel: Any,
+    speculate: bool,
+    asked: bool,
+) -> Decision:
+    """Join the window this thread holds (it has room), or not (see rule 1): the decision of
+    ``decider`` for a root call made while it is open."""
+    if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
+        next(decider._stats.unsampled_traces)
+        return decider._off()
+    keeper = decider._keeper
+    if not win.speculative:  # the window's later calls: not the sampler's, not counted
+        return (PROFILED, keeper.join(win, Policy.WINDOW, parent))
+    pick = next(decider._by_label.get(label) or decider._first(label))
+    cold = pick is COLD
+    if decider.triggered.take(label):
+        return _joined(keeper.join(win, Policy.TRIGGER, parent), cold)
+    baggage = asked or (decider._baggage and otel and asks_to_profile(otel))
+    # the label's 1 in N (or the ratio) picks it: the sampler's sample, not a speculation
+    trace_id = parent.trace_id if parent is not None and parent.is_valid else None
+    picked = not baggage and (pick is True or (pick is ASK and decider._sample(trace_id)))
+    if picked and not speculate:  # a generator: its first yield would cut the window
+        # short, so the window of another task of its thread keeps the pick out
+        busy = CallRecord.begin(Policy.SAMPLER, parent, decider._sampler.description)
+        decider._stats.skip("skipped_busy", busy)
+        return decider._off()
+    if baggage or picked:
+        refused = decider._refused()  # then a rate-cap token, spent only past the gate
+        if refused is None and not keeper.spend_rate_token():
+            refused = "skipped_rate_limit"
+        if refused is not None:
+            next(decider._stats.refused[refused])
+            return decider._off()  # recorded by the window's profiler all the same, never read
+        if picked:
+            sampler = decider._sampler.description
+            return (PROFILED, keeper.join(win, Policy.SAMPLER, parent, sampler))
+        return _joined(keeper.join(win, Policy.BAGGAGE, parent), cold)
+    if not speculate or cold:  # a generator: its first yield would cut the window short;
+        return decider._off()  # a cold call is not judged against the label's warm calls
+    return (PROFILED, keeper.join(win, Policy.SPECULATIVE, parent))
 
 
 def _joined(call: CallRecord, cold: bool) -> Decision:

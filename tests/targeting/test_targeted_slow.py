@@ -261,6 +261,33 @@ def test_a_trigger_is_not_spent_on_a_call_a_speculative_window_keeps_out() -> No
     assert 0 == cap.stats["skipped_busy"]
 
 
+def test_the_samplers_pick_inside_a_speculative_window_is_profiled() -> None:
+    """A call the 1 in N picks while a speculative window is open on its thread (another task
+    of its event loop) is the sampler's sample, exported, not speculated on and released."""
+    with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0) as cap:
+        _in_speculative_window(other)  # "other"'s first call: its label's 1 in N picks it
+    assert [("quick", "every:1000000000"), ("other", "every:1000000000")] == [
+        (c.label, c.policy) for c in cap.calls
+    ]
+    assert (2, 0) == (cap.stats["sampled"], cap.stats["skipped_busy"])
+
+
+def test_a_generators_pick_kept_out_by_a_speculative_window_is_counted_busy() -> None:
+    """A generator root that the 1 in N picks while a speculative window is open on its
+    thread cannot join it (its first yield would cut it short): counted ``skipped_busy``,
+    so that the pick is not lost from the counters."""
+
+    @profkit.profiled("stream")
+    def stream() -> Iterator[int]:
+        yield 1
+
+    with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0) as cap:
+        got = _in_speculative_window(lambda: list(stream()))  # its label's first call: picked
+    assert [1] == got
+    assert [("quick", "every:1000000000")] == [(c.label, c.policy) for c in cap.calls]
+    assert (2, 1) == (cap.stats["sampled"], cap.stats["skipped_busy"])
+
+
 def test_calls_kept_out_by_a_speculative_window_spend_none_of_the_rate_cap() -> None:
     """While a speculative window holds the slot, the root calls of other threads cannot open
     one: they must not use up the speculative rate cap (max_per_minute) trying."""
