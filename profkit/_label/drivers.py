@@ -12,7 +12,7 @@ import time
 from asyncio import _get_running_loop, current_task
 from collections.abc import Callable, Generator
 from contextvars import Token
-from typing import Any
+from typing import Any, ClassVar
 
 from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
@@ -28,6 +28,31 @@ _set_frame = FRAME.set
 _get_frame = FRAME.get
 
 
+class OffCall:
+    """The frame of an unsampled coroutine root (:func:`async_call`'s; the other unsampled
+    roots share ``OFF``).
+
+    Nested scopes record nothing in it, as in ``OFF``. The tasks the call creates copy it
+    with their context (a batcher or worker task started by a request): once the call has
+    ended (``done``), their scopes are root calls again, as after a sampled call, rather
+    than nested for ever in a call that is gone.
+    """
+
+    __slots__ = ("done",)
+    stopped: ClassVar[bool] = True  # (what a nested scope reads of ``frame.call``)
+    policy: ClassVar[None] = None  # nothing asked for it to be profiled (batch_member)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    @property
+    def call(self) -> OffCall:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<profkit unsampled call done={self.done}>"
+
+
 def async_call(
     fn: Callable[..., Any], label: str, attrs: dict[str, Any], code: CodeInfo | None
 ) -> Callable[..., Any]:
@@ -38,10 +63,13 @@ def async_call(
     """
 
     async def profiled_coroutine(*args: Any, **kwargs: Any) -> Any:
-        entered = error = None
+        entered = error = unsampled = None
         outer = _get_frame()
         try:
             entered = enter(label, attrs, code, True, False)  # (its CPU time is not its own)
+            if entered is OFF or entered.__class__ is Timed:  # an unprofiled root: a frame
+                _set_frame(off := OffCall())  # of its own, ended with it, for the tasks it
+                unsampled = off  # creates (they copy it): then their calls are roots again
             coro = fn(*args, **kwargs)
             if entered.__class__ is Active:
                 call = entered.call
@@ -62,6 +90,8 @@ def async_call(
             error = exc
             raise
         finally:
+            if unsampled is not None:
+                unsampled.done = True
             if entered is OFF:
                 try:
                     _set_frame(None)

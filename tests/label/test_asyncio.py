@@ -157,3 +157,35 @@ def test_a_region_across_a_yield_of_a_decorated_async_generator_left_with_break(
     assert 7 == cap.stats["root_calls"]  # the stream's, and each of the task's calls
     assert "stream" not in [c.label for c in cap.calls]  # cold
     assert 1 <= [c.label for c in cap.calls].count("handle")
+
+
+def test_a_worker_task_started_by_an_unsampled_handler_makes_root_calls_once_it_returned() -> None:
+    """A batcher task started lazily inside an unsampled async handler copies its context;
+    once the handler has returned, the task's regions and batches (offloaded with
+    ``asyncio.to_thread``, which copies it again) are root calls, sampled by their labels."""
+
+    def forward(members: list[profkit.BatchMember]) -> None:
+        with profkit.batch("forward", members):
+            torch.ones(4).add_(1)
+
+    async def batcher(go: asyncio.Event) -> None:
+        await go.wait()
+        for _ in range(2):
+            with profkit.region("step"):
+                pass
+            await asyncio.to_thread(forward, [profkit.batch_member()])
+
+    @profkit.profiled("handler")
+    async def handler(go: asyncio.Event) -> asyncio.Task[None]:
+        return asyncio.create_task(batcher(go))  # its first request starts the batcher
+
+    async def main() -> None:
+        go = asyncio.Event()
+        task = await handler(go)  # the label's first call is cold: unsampled
+        go.set()
+        await task
+
+    with capture(sample_every=10**9, cold_calls=1) as cap:
+        asyncio.run(main())
+    # each label's first call is cold, its second the sampler's pick
+    assert (5, ["step", "forward"]) == (cap.stats["root_calls"], [c.label for c in cap.calls])
