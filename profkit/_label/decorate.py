@@ -25,7 +25,7 @@ from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
 from .routes import warn_if_route
-from .scope import FRAME, OFF, Active, enter, exit_, sync_call, undo_enter
+from .scope import FRAME, OFF, Active, OffCall, enter, exit_, sync_call, undo_enter
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -340,7 +340,9 @@ class region:
         if compiling() and compiled_away(self.label):
             return self  # traced by torch.compile: nothing to record or undo
         outer = _get_frame()
-        if self._entered is None and outer is OFF:
+        if self._entered is None and (
+            outer is OFF or (outer.__class__ is OffCall and not outer)  # (empty: running)
+        ):
             return self  # nested in an unsampled root call: nothing to record or undo
         try:
             entered = enter(self.label, self._attributes, None)

@@ -12,13 +12,13 @@ import time
 from asyncio import _get_running_loop, current_task
 from collections.abc import Callable, Generator
 from contextvars import Token
-from typing import Any, ClassVar
+from typing import Any
 
 from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
 from .._overhead import Control
 from .._targeting.slow import Timed
-from .scope import FRAME, OFF, Active, enter, exit_, undo_enter
+from .scope import FRAME, Active, OffCall, enter, exit_, undo_enter
 
 __all__ = [
     "Intervals", "Stepped", "SteppedAsyncGen", "async_call", "drive", "exit_twice", "watch_loop",
@@ -26,31 +26,6 @@ __all__ = [
 
 _set_frame = FRAME.set
 _get_frame = FRAME.get
-
-
-class OffCall:
-    """The frame of an unsampled coroutine root (:func:`async_call`'s; the other unsampled
-    roots share ``OFF``).
-
-    Nested scopes record nothing in it, as in ``OFF``. The tasks the call creates copy it
-    with their context (a batcher or worker task started by a request): once the call has
-    ended (``done``), their scopes are root calls again, as after a sampled call, rather
-    than nested for ever in a call that is gone.
-    """
-
-    __slots__ = ("done",)
-    stopped: ClassVar[bool] = True  # (what a nested scope reads of ``frame.call``)
-    policy: ClassVar[None] = None  # nothing asked for it to be profiled (batch_member)
-
-    def __init__(self) -> None:
-        self.done = False
-
-    @property
-    def call(self) -> OffCall:
-        return self
-
-    def __repr__(self) -> str:
-        return f"<profkit unsampled call done={self.done}>"
 
 
 def async_call(
@@ -63,13 +38,13 @@ def async_call(
     """
 
     async def profiled_coroutine(*args: Any, **kwargs: Any) -> Any:
-        entered = error = unsampled = None
+        entered = error = None
         outer = _get_frame()
+        # an unprofiled root's frame, ended with it: the tasks it creates copy it, and make
+        # root calls once it is done (with ``OFF`` they would be nested in it for ever)
+        off = OffCall()
         try:
-            entered = enter(label, attrs, code, True, False)  # (its CPU time is not its own)
-            if entered is OFF or entered.__class__ is Timed:  # an unprofiled root: a frame
-                _set_frame(off := OffCall())  # of its own, ended with it, for the tasks it
-                unsampled = off  # creates (they copy it): then their calls are roots again
+            entered = enter(label, attrs, code, True, False, off)  # (its CPU is not its own)
             coro = fn(*args, **kwargs)
             if entered.__class__ is Active:
                 call = entered.call
@@ -90,9 +65,7 @@ def async_call(
             error = exc
             raise
         finally:
-            if unsampled is not None:
-                unsampled.done = True
-            if entered is OFF:
+            if entered is off:
                 try:
                     _set_frame(None)
                 except BaseException:  # a signal's exception landed before the set
@@ -102,6 +75,7 @@ def async_call(
                 exit_twice(entered, error)
             elif error is not None:  # enter() returned, its result was never kept: undo it
                 undo_enter(outer, error)
+            off.append(None)  # done (a C call, after the frame is back)
 
     return profiled_coroutine
 

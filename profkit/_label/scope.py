@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import _errors
 from .._capture.decide import CONTROLLED, PROFILED, TIMED
@@ -42,7 +42,7 @@ from .._text import escape
 from .compiler import compiled_away, compiling
 
 __all__ = [
-    "FRAME", "GLOBAL", "OFF", "Active", "enter", "exit_", "sync_call", "undo_enter",
+    "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
 ]  # fmt: skip
 
 
@@ -53,6 +53,32 @@ class _Off:
 
 #: the frame value inside an unsampled root call
 OFF: Any = _Off()
+
+
+class OffCall(list):  # type: ignore[type-arg]  # (a list: made and marked in C, no __init__)
+    """The frame of an unsampled coroutine root (``profkit._label.drivers.async_call``'s; the
+    other unsampled roots share ``OFF``): empty while the call runs, one item once it ended.
+
+    Nested scopes record nothing in it, as in ``OFF``. The tasks the call creates copy it
+    with their context (a batcher or worker task started by a request): once the call has
+    ended (``done``), their scopes are root calls again, as after a sampled call, rather
+    than nested for ever in a call that is gone.
+    """
+
+    __slots__ = ()
+    stopped: ClassVar[bool] = True  # (what a nested scope reads of ``frame.call``)
+    policy: ClassVar[None] = None  # nothing asked for it to be profiled (batch_member)
+
+    @property
+    def call(self) -> OffCall:
+        return self
+
+    @property
+    def done(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return f"<profkit unsampled call done={self.done}>"
 
 
 class Active:
@@ -153,9 +179,13 @@ def enter(
     code: CodeInfo | None,
     spec: bool = True,
     sync: bool = True,
+    off: Any = OFF,
 ) -> Any:
     """Enter a scope in the current context; pass what it returns to :func:`exit_`
     (``sync=False``: a coroutine's or a generator's scope, see ``Decider.decide``).
+
+    ``off`` is the frame of the call if it is an unsampled root, and what is returned then
+    (``OFF``, or a coroutine root's own :class:`OffCall`).
 
     Returns None (nothing to undo), ``OFF``, a :class:`Timed` or a :class:`Control` (unsampled)
     or an :class:`Active`.
@@ -169,7 +199,7 @@ def enter(
             return None
         call = None
         try:
-            FRAME.set(OFF)
+            FRAME.set(off)
             decision = NOT_PROFILED
             try:  # a failing begin_root is counted; the call then runs unsampled
                 decision = (
@@ -180,7 +210,7 @@ def enter(
             except Exception as exc:
                 _errors.internal(session.stats, "begin_root", exc)
             if decision is NOT_PROFILED:
-                return OFF
+                return off
             kind, what = decision
             if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
                 return Timed(session.timed, label, what)
@@ -327,7 +357,7 @@ def sync_call(
     pk_open, pk_internal = _open, _errors.internal
     pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
-    pk_controlled = CONTROLLED
+    pk_controlled, pk_offcall = CONTROLLED, OffCall
     pk_abandoned, pk_now = _abandoned, time.perf_counter_ns
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
@@ -335,7 +365,7 @@ def sync_call(
             return pk_fn(*args, **kwargs)
         frame = pk_get()
         if frame is not None and (frame is pk_off or not frame.call.done):
-            if frame is pk_off or frame.call.stopped:
+            if frame is pk_off or frame.__class__ is pk_offcall or frame.call.stopped:
                 return pk_fn(*args, **kwargs)
             entered = error = None
             try:
