@@ -287,6 +287,8 @@ class Window:
         if cut:
             raw = sorted(raw, key=lambda k: k.start_ns())[: cfg.max_events]
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
+        if cfg.with_stack:
+            raw = _without_python_frames(raw)
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
             events = read_cpu_events(
@@ -300,6 +302,8 @@ class Window:
             if cut:
                 raise Unreadable("too_many_events")
             events = list(prof.events())  # type: ignore[no-untyped-call]
+            if cfg.with_stack:
+                events = [e for e in events if not getattr(e, "is_python_function", False)]
         return WindowEvents(count, trace_start, events, cut, count * recording_cost(cfg))
 
     def write_chrome_trace(self, path: str) -> None:
@@ -330,6 +334,14 @@ class Window:
         for ev in getattr(inner, "_function_events", None) or ():
             ev.cpu_children = []
             ev.cpu_parent = None
+
+
+def _without_python_frames(raw: list[Any]) -> list[Any]:
+    """``raw`` without ``with_stack``'s Python frames: they are for the trace file, not ops
+    (as rows they would count profkit's and the model's Python calls as torch ops)."""
+    if not raw or not hasattr(raw[0], "is_python_function"):
+        return raw
+    return [k for k in raw if not k.is_python_function()]
 
 
 def _still_enabled_here() -> bool:

@@ -241,3 +241,22 @@ def test_raw_reader_orders_equal_starts_outer_first() -> None:
     assert events is not None
     assert ["aten::other", "aten::outer", "aten::inner"] == [e.name for e in events]
     assert [0.03, 0.3, 0.1] == [e.self_cpu_time_total for e in events]
+
+
+@pytest.mark.parametrize("reader", ["raw", "torch"])
+def test_with_stack_python_frames_are_not_op_rows(
+    profiles: list[Any],
+    mlp: torch.nn.Module,
+    batch: torch.Tensor,
+    reader: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """with_stack's Python frames are for the trace: the rows and op count are the torch ops'."""
+    if reader == "torch":
+        monkeypatch.setattr(_window, "read_cpu_events", lambda *a, **k: None)
+    plain = _run(mlp, batch, top_k=10_000)
+    stacked = _run(mlp, batch, top_k=10_000, with_stack=True)
+    python = {e.name for e in profiles[-1].events() if e.is_python_function}
+    assert python  # the profile did record Python frames
+    assert {r.name: r.count for r in plain.root.ops} == {r.name: r.count for r in stacked.root.ops}
+    assert plain.root.op_count == stacked.root.op_count
