@@ -267,9 +267,10 @@ class Window:
     def read(self) -> WindowEvents:
         """The stopped window's events (on the export worker: parsing costs µs per event).
 
-        Past ``max_events`` raw events a CPU profile keeps its earliest ``max_events`` (the
-        calls are then exported as truncated); a profile that needs torch's own parser
-        (device or memory records) is not read at all.
+        Past ``max_events`` raw events (``with_stack``'s Python frames left out: they are
+        not ops) a CPU profile keeps its earliest ``max_events`` (the calls are then
+        exported as truncated); a profile that needs torch's own parser (device or memory
+        records) is not read at all past ``max_events`` raw events, frames included.
 
         Raises:
             Unreadable: no profile (``no_profile``), another profiler started inside it
@@ -283,12 +284,15 @@ class Window:
             raise Unreadable("foreign_profiler")
         kineto = prof.profiler.kineto_results if prof.profiler is not None else None
         raw = kineto.events() if kineto is not None else []
-        count, cut = len(raw), len(raw) > cfg.max_events
+        count = len(raw)
+        if cfg.with_stack and not cfg.profile_memory:
+            # before the cut: torch's Python tracer records every thread's frames (the export
+            # worker's too), and profkit's reader never reads them; torch's parser does
+            raw = _without_python_frames(raw)
+        cut = len(raw) > cfg.max_events
         if cut:
             raw = sorted(raw, key=lambda k: k.start_ns())[: cfg.max_events]
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
-        if cfg.with_stack:
-            raw = _without_python_frames(raw)
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
             events = read_cpu_events(
@@ -299,7 +303,7 @@ class Window:
                 marks={s.label for c in self.calls for s in c.scopes},
             )
         if events is None:
-            if cut:
+            if count > cfg.max_events:  # torch's parser would read every event
                 raise Unreadable("too_many_events")
             events = list(prof.events())  # type: ignore[no-untyped-call]
             if cfg.with_stack:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -260,3 +261,39 @@ def test_with_stack_python_frames_are_not_op_rows(
     assert python  # the profile did record Python frames
     assert {r.name: r.count for r in plain.root.ops} == {r.name: r.count for r in stacked.root.ops}
     assert plain.root.op_count == stacked.root.op_count
+
+
+def test_with_stack_other_threads_python_frames_do_not_fill_max_events(
+    mlp: torch.nn.Module, batch: torch.Tensor
+) -> None:
+    """Python frames torch records on other threads (with_stack) neither cut nor drop a window."""
+    go, done = threading.Event(), threading.Event()
+
+    def tick() -> int:
+        return 1
+
+    def busy() -> None:  # another thread running Python (say, the export worker) meanwhile
+        go.wait(10)
+        for _ in range(3000):
+            tick()
+        done.set()
+
+    @profkit.profiled("predict")
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        go.set()
+        done.wait(10)
+        with torch.no_grad():
+            out: torch.Tensor = mlp(x)
+        return out
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    try:
+        with capture(sample_every=1, with_stack=True, max_events=2000) as cap:
+            predict(batch)
+    finally:
+        go.set()
+        thread.join()
+    assert done.is_set()
+    assert [None] == [call.truncated for call in cap.calls]
+    assert {} == cap.stats["dropped_reasons"]
