@@ -24,6 +24,10 @@ before it short of holding; for balanced, every rule short of holding). A margin
 "low" (a borderline call: the same code sampled again may read otherwise), under 0.25
 "medium", else "high".
 
+The self time of torch's range around a data loader's ``__next__`` (``enumerate(DataLoader)#...``:
+rows fetched in Python, or waited for from worker processes) is input time, not op time: it
+counts as outside torch ops, and the range is not an op the compute-bound rule ranks.
+
 The input share is the time outside torch ops (``wall - self CPU time of the ops``) less a
 *launch-glue allowance* of ``launch_bound_op_us`` per op event, over the wall time. The
 allowance is what keeps a loop of thousands of tiny ops launch-bound: the Python, the
@@ -63,6 +67,10 @@ _MU = "\u00b5"
 
 _NAMED_SHARE = 0.1
 """The compute-bound reason names the second op only when it takes this share of op time."""
+
+_LOADER_RANGES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
+"""torch's ranges around a data loader's ``__next__``: their self time (fetching rows in
+Python, waiting for worker processes) is input, not op time; the ops inside are their own."""
 
 
 def amdahl_speedup(f: float, s: float) -> float:
@@ -137,6 +145,17 @@ def _share(part: float, whole: float) -> float:
     return min(1.0, max(0.0, part / whole))
 
 
+def _is_loader(row: OpRow) -> bool:
+    """Whether a row is torch's range around a data loader's ``__next__``."""
+    return not row.is_other and not row.is_kernel and row.name.startswith(_LOADER_RANGES)
+
+
+def _op_self_us(scope: ScopeSummary) -> float:
+    """A scope's host time inside torch ops: its self CPU time less its data loaders' own."""
+    loading = sum(row.self_cpu_us for row in scope.ops if _is_loader(row))
+    return max(0.0, scope.self_cpu_us - loading)
+
+
 def _uses_device(call: CallSummary) -> bool:
     """Whether op time is read from device self time (device recorded and some time > 0)."""
     return call.device_active and call.root.self_device_us > 0.0
@@ -151,7 +170,7 @@ def _top_rows(call: CallSummary) -> list[OpRow]:
     if _uses_device(call):
         kernels = [row for row in call.root.ops if row.is_kernel and not row.is_other]
         return sorted(kernels, key=lambda row: row.self_device_us, reverse=True)
-    rows = [row for row in call.root.ops if not row.is_other and not row.is_kernel]
+    rows = [r for r in call.root.ops if not r.is_other and not r.is_kernel and not _is_loader(r)]
     return sorted(rows, key=lambda row: row.self_cpu_us, reverse=True)
 
 
@@ -192,7 +211,7 @@ def _input_by_scope(call: CallSummary, glue_us: float) -> list[float]:
     A scope's own part is the scope without its child scopes: its outside time and op count
     less those of its direct children (both are inclusive in the summary).
     """
-    outside = [max(0.0, s.duration_us - s.self_cpu_us) for s in call.scopes]
+    outside = [max(0.0, s.duration_us - _op_self_us(s)) for s in call.scopes]
     own_outside = list(outside)
     own_ops = [float(s.op_count) for s in call.scopes]
     for i, scope in enumerate(call.scopes):
@@ -210,12 +229,13 @@ def _figures(call: CallSummary, th: Thresholds) -> Figures:
     root = call.root
     wall = root.duration_us
     device = _uses_device(call)
-    op_total = root.self_device_us if device else root.self_cpu_us
+    op_self = _op_self_us(root)
+    op_total = root.self_device_us if device else op_self
     top = [row.self_device_us if device else row.self_cpu_us for row in _top_rows(call)]
     figures: Figures = {
         "wall_us": wall,
-        "op_self_us": root.self_cpu_us,
-        "outside_ops_share": _share(max(0.0, wall - root.self_cpu_us), wall),
+        "op_self_us": op_self,
+        "outside_ops_share": _share(max(0.0, wall - op_self), wall),
         "input_share": _share(sum(_input_by_scope(call, th.launch_bound_op_us)), wall),
         "op_count": float(root.op_count),
         "median_op_us": _median_op_us(root),

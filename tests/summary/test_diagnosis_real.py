@@ -86,6 +86,25 @@ def parsing_handler() -> torch.Tensor:
     return out
 
 
+class _SlowDataset(torch.utils.data.Dataset[torch.Tensor]):
+    """Eight rows, each read slowly (a disk, a decoder, a remote store)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(PREPROCESS_S / 8)
+        return torch.full((64,), float(i))
+
+
+@profkit.profiled("loader_step")
+def loader_step() -> list[torch.Tensor]:
+    """A step fed by a DataLoader without workers: nearly all its time is reading rows."""
+    loader = torch.utils.data.DataLoader(_SlowDataset(), batch_size=4)
+    with torch.no_grad():
+        return [MODEL(rows) for rows in loader]
+
+
 def _run(fn: Callable[[], Any], calls: int = CALLS, **settings: Any) -> list[CallSummary]:
     """Profile ``calls`` calls of ``fn``, flushing after each; return their summaries."""
     with capture(sample_every=1, **settings) as cap:
@@ -140,6 +159,15 @@ def test_preprocess_handler_is_input_bound_naming_the_region(
         ), d.reason
         assert d.amdahl[0][0] == "region:preprocess"
         assert d.amdahl[0][2] == pytest.approx(1 / (1 - d.amdahl[0][1]))
+
+
+@pytest.mark.timeout(120)
+def test_slow_dataloader_is_input_bound() -> None:
+    """A call waiting on its DataLoader is input-bound: the loader's own time is not op time."""
+    for call in _run(loader_step):
+        d = _diagnosis(call)
+        assert ("loader_step", "input-bound") == (call.label, d.verdict), d
+        assert re.fullmatch(r"\d+% of the call outside torch ops", d.reason), d.reason
 
 
 # --- the verdict on the span, in the log event and on the console --------------------------
