@@ -32,13 +32,16 @@ from ._jsonlines import write as _write
 from ._report import LabelRollup, Sample, percentile, read, rollup
 from ._text import clean
 
-__all__ = ["SAMPLES_PER_LABEL", "add_arguments", "page", "run"]
+__all__ = ["MAX_LABELS", "SAMPLES_PER_LABEL", "add_arguments", "page", "run"]
 
 #: samples per label drawn as waterfalls (the latest ones); the histogram and the op table
 #: use every sample
 SAMPLES_PER_LABEL = 50
 #: samples per label shown unfolded (the latest)
 OPEN = 2
+#: labels with a section of their own: those with the most samples (the text report's order;
+#: a fleet's log of thousands of labels made pages of ~30 kB a label, 92 MB for 3,000)
+MAX_LABELS = 100
 #: op rows per label table and per sample (``--top`` changes it)
 TOP = 10
 _BINS = 24
@@ -149,8 +152,19 @@ def page(
         + ". One sample is noisy: read medians and counts over many.</p>",
     ]
     labels = list(now) + [label for label in then if label not in now]
+    left_out = len(labels) - MAX_LABELS
+    if left_out > 0:
+        labels = labels[:MAX_LABELS]
+        parts.append(
+            f"<p class=meta>The {MAX_LABELS} labels with the most samples are shown; "
+            f"{left_out} more labels are not (python -m profkit report FILE lists every "
+            "label as text).</p>"
+        )
+    by_label: dict[str, list[Sample]] = {}
+    for s in kept:
+        by_label.setdefault(s.label, []).append(s)
     for number, label in enumerate(labels, 1):
-        mine = [s for s in kept if s.label == label]
+        mine = by_label.get(label, [])
         section = _label_section(label, now.get(label), then.get(label), mine, kept_before, top)
         parts.append(f"<section id=label-{number}>{section}</section>")
     parts.append("</body></html>\n")

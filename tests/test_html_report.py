@@ -284,3 +284,23 @@ def test_a_page_is_never_replaced_by_an_empty_one(
         assert "no profkit.profile events found" in err
     else:
         assert f"cannot read {missing}" in err
+
+
+def test_a_page_of_many_labels_shows_the_busiest_and_says_how_many_it_left_out(
+    tmp_path: Path,
+) -> None:
+    """Past ``MAX_LABELS`` labels the page shows those with the most samples (the text
+    report's order) and says how many more there are: a fleet's log of 3,000 labels made a
+    92 MB page."""
+    from profkit._html import MAX_LABELS
+
+    src, out = tmp_path / "many.jsonl", tmp_path / "many.html"
+    busy = [_event("busy", 1000.0) for _ in range(3)]
+    rare = [_event(f"rare-{i:04}", 500.0) for i in range(MAX_LABELS + 40)]
+    src.write_text("".join(rare[:10] + busy + rare[10:]), encoding="utf-8")
+    assert 0 == cli.main(["report", "--html", str(out), str(src)])
+    text = out.read_text(encoding="utf-8")
+    counts = _counts(text)
+    assert [(str(len(rare) + 3), str(len(rare) + 1))] == counts["header"]
+    assert ["busy"] + [f"rare-{i:04}" for i in range(MAX_LABELS - 1)] == counts["labels"]
+    assert ["41 more labels"] == re.findall(r"(\d+ more labels)", text)
