@@ -19,18 +19,20 @@ from .window import foreign_profiler_active
 
 __all__ = ["install_hooks", "may_open", "remove_hooks", "wait_for_other_thread", "window_held"]
 
-#: longest a user's profiler start keeps windows shut before torch's own flag takes over
+#: longest a user's profiler start waits for a window on another thread that is starting
 _FOREIGN_START_S = 5.0
 #: how often a waiter looks whether the slot was freed
 _POLL_S = 0.005
 
 
 def may_open() -> bool:
-    """No profiler of anyone else's is running or starting."""
-    starting = SLOT.foreign_starting
-    if starting and time.monotonic() - starting < _FOREIGN_START_S:
-        return False
-    return not foreign_profiler_active()
+    """No profiler of anyone else's is running or starting.
+
+    Starting lasts from its preparation until it is on, however long: a scheduled
+    ``torch.profiler.profile`` prepares at its warmup step and starts only at the next
+    ``step()``, maybe seconds later, and a window opened over the prepared profiler leaves
+    torch without a session for that start (SIGSEGV)."""
+    return not SLOT.foreign_starting and not foreign_profiler_active()
 
 
 def wait_for_other_thread(keeper: Any, deadline: Deadline) -> None:
@@ -88,7 +90,8 @@ def _before_foreign_start() -> None:
 
 
 def _after_foreign_start() -> None:
-    """The foreign profiler is on (torch's flag now keeps new windows shut)."""
+    """The foreign profiler is on (torch's flag now keeps new windows shut), or its
+    preparation failed (nothing is prepared)."""
     SLOT.foreign_starting = 0.0
 
 
@@ -103,6 +106,8 @@ def window_held() -> bool:
 
 
 def remove_hooks() -> None:
-    """Where the last session stops: torch's own functions back, once no window is held."""
-    if not SLOT.claimed:
+    """Where the last session stops: torch's own functions back, once no window is held and
+    no profiler of anyone else's is prepared (its start must still be seen: until then no
+    window may open, in this session or a later one)."""
+    if not SLOT.claimed and not SLOT.foreign_starting:
         _hooks.remove_profiler_hooks()

@@ -11,7 +11,9 @@ prepare the profiler (``torch.autograd.profiler._prepare_profiler``, which alrea
 one that runs on another thread) and then start it (``_run_on_profiler_start``). profkit
 wraps both module functions: ``before`` runs ahead of the preparation of any profiler that
 is not profkit's own and may block (to let a window stop) or raise (rather than let two
-profilers overlap); ``after`` runs once it is on. Checked against torch 2.3-2.13.
+profilers overlap); ``after`` runs once it is on (or once its preparation raised): between
+the two, which may be seconds apart (a scheduled profile's warmup step), no window opens.
+Checked against torch 2.3-2.13.
 """
 
 from __future__ import annotations
@@ -64,9 +66,14 @@ def install_profiler_hooks(before: Callable[[], None], after: Callable[[], None]
             return
 
         def prepare_profiler(*args: Any, **kwargs: Any) -> Any:
-            if not ours_starting():
+            if ours_starting():
+                return prepare(*args, **kwargs)
+            try:
                 before()
-            return prepare(*args, **kwargs)
+                return prepare(*args, **kwargs)
+            except BaseException:
+                after()  # nothing was prepared: windows may open again
+                raise
 
         def run_on_profiler_start() -> None:
             try:

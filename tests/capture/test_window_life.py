@@ -274,3 +274,16 @@ def test_a_call_joining_as_shutdown_closes_the_window_says_so(
     thread.join(10)
     assert not torch.autograd.profiler._is_profiler_enabled
     assert [None, "shutdown"] == [c.truncated for c in cap.calls]
+
+
+@pytest.mark.slow  # (6 s: the warmup lasts past the 5 s a profiler start is waited for)
+def test_a_users_scheduled_profiler_in_its_warmup_step_never_overlaps_a_window() -> None:
+    """A user's scheduled profiler prepared (warmup) for seconds: no window opens over it
+    (it crashed the process once the warmup lasted 5 s), and sampling resumes after it."""
+    code, report, output = run_script("user_profiler_scheduled_warmup.py", "6")
+    assert 0 == code, output[-2000:]
+    assert [6.0] * 6 == report["results"]
+    assert 1 == len(report["traces"]), report  # the user's profile got its events
+    assert report["traces"][0] > 0, report
+    assert 5 == report["skipped_foreign"]
+    assert (2, 2, True) == (report["exported"], report["calls"], report["flushed"])
