@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeAlias
 
 from ._compat import peek_count
+from ._weak import at_fork_in_child_weakly
 
 __all__ = [
     "ASK",
@@ -189,14 +190,21 @@ class TraceIdRatio:
 
 
 class RateLimiter:
-    """Token bucket: at most ``per_minute`` windows a minute, bursting to the same amount."""
+    """Token bucket: at most ``per_minute`` windows a minute, bursting to the same amount.
+
+    Per process: a forked child starts with a full one (it has opened no window yet)."""
 
     def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = max(1.0, per_minute)
         self.per_second = per_minute / 60.0
         self._clock = clock
+        self.refill()
+        at_fork_in_child_weakly(self, "refill")
+
+    def refill(self) -> None:
+        """A full bucket."""
         self._tokens = self.capacity
-        self._last = clock()
+        self._last = self._clock()
 
     def allow(self) -> bool:
         """Take one token if there is one."""

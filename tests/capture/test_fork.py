@@ -274,3 +274,35 @@ def test_an_exporters_lock_held_by_another_thread_at_fork_is_free_in_the_child(
     assert 0 == report["exit_code"]
     assert report["flushed"]
     assert 3 == report["exported"]
+
+
+def _child_three_calls() -> dict[str, Any]:
+    results = [predict(X) for _ in range(3)]
+    flushed = profkit.force_flush(20.0)
+    stats = profkit.stats()
+    return {
+        "results_ok": all(r == EXPECTED for r in results),
+        "flushed": flushed,
+        "stats": {k: stats[k] for k in ("sampled", "exported", "skipped_rate_limit")},
+    }
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_after_the_parent_spent_its_rate_cap_gets_a_full_one() -> None:
+    """``max_per_minute=3``, spent by the parent: the child opened no window in the last
+    minute, so its first three calls are sampled (it inherited the empty bucket and sampled
+    nothing for a minute)."""
+    with capture(sample_every=1, max_per_minute=3):
+        for _ in range(4):
+            predict(X)
+        assert profkit.force_flush(10.0)
+        assert 1 == profkit.stats()["skipped_rate_limit"]  # the parent's cap is spent
+        report = _fork_and_run(_child_three_calls)
+        predict(X)
+        parent = profkit.stats()
+    assert report.get("error") is None, report.get("error")
+    assert 0 == report["exit_code"]
+    assert report["results_ok"]
+    assert report["flushed"]
+    assert {"sampled": 3, "exported": 3, "skipped_rate_limit": 0} == report["stats"]
+    assert 2 == parent["skipped_rate_limit"]  # the parent's own cap is untouched
