@@ -293,6 +293,18 @@ def flush_ahead(timeout: float) -> bool:
     return _flush(timeout, False)
 
 
+def close_idle_here() -> None:
+    """Close the window that waits on this thread for more calls (``window`` > 1), of the
+    global session or one still closing, so that a flush on another thread exports it (the
+    FastAPI integration's: its flush runs in the thread pool, the window waits on the
+    event loop's thread)."""
+    with _configure_lock:
+        sessions = [get_session(), *_closing]
+    for session in sessions:
+        if session is not None:
+            session.close_idle_window()
+
+
 def _flush(seconds: float, answering: bool) -> bool:
     deadline = Deadline(seconds)
     session = get_session()

@@ -317,3 +317,41 @@ def test_the_apps_own_shutdown_still_says_false_after_the_integrations_flush() -
         assert [(200, '{"sum":4.0}')] * 2 == _get_all(url, ["/predict"] * 2)
     assert answers == [False]
     assert profkit.stats()["dropped_reasons"] == {"export_error:failing": 2}
+
+
+def test_the_shutdown_flush_exports_a_window_waiting_on_the_event_loop() -> None:
+    """``window=3`` and async handlers: the fourth call's window waits on the event loop's
+    thread for more calls when uvicorn shuts down. The integration's flush (ahead of the
+    app's shutdown code, before uvicorn re-raises SIGTERM) exports it; it was left pending,
+    to die with the process, neither exported nor counted."""
+    from profkit.testing import CaptureExporter
+
+    seen: list[dict[str, object]] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        seen.append(dict(profkit.stats()))  # the app's own shutdown code: no flush of its own
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/predict")
+    async def predict() -> dict[str, float]:
+        return {"sum": float(torch.ones(4).sum())}
+
+    assert 1 == instrument_app(app)
+    exporter = CaptureExporter()
+    profkit.configure(
+        sample_every=1,
+        cold_calls=0,
+        window=3,
+        max_window_s=60.0,
+        max_per_minute=None,
+        exporters=(),
+        extra_exporters=(exporter,),
+    )
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] * 4 == _get_all(url, ["/predict"] * 4)
+    (stats,) = seen
+    assert (4, 4, 0) == (stats["sampled"], stats["exported"], stats["dropped"])
+    assert 4 == len(exporter.calls)

@@ -154,6 +154,8 @@ def _flush_on_shutdown(app: FastAPI, relabel: Callable[[], int]) -> None:
             try:
                 yield state
             finally:  # the server stopped taking requests and finished those in flight
+                # a window waiting on this (the event loop's) thread closes only here
+                _global.close_idle_here()
                 # (its answer is left to the app's own shutdown() or force_flush())
                 await run_in_threadpool(_global.flush_ahead, SHUTDOWN_FLUSH_S)
 
