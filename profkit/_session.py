@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._capture.decide import Decider, Decision
-from ._capture.foreign import wait_for_other_thread
+from ._capture.foreign import may_open, wait_for_other_thread
 from ._capture.keeper import WindowKeeper, close_idle, install_hooks
 from ._capture.slot import SLOT
 from ._capture.window import Window, make_profiler, prime
@@ -156,8 +156,9 @@ class Session(Decider):
         profiler's first start (about a second) and a thread start."""
         if self.active:
             install_hooks()
-            with guard(self.stats, "prime"):
-                self.prime_seconds = prime(self.config)
+            if may_open():  # (never over a user's profiler, prepared and not started yet)
+                with guard(self.stats, "prime"):
+                    self.prime_seconds = prime(self.config)
             self._build_spare()
             self.pipeline.start()
             if self.metrics is not None:

@@ -287,3 +287,13 @@ def test_a_users_scheduled_profiler_in_its_warmup_step_never_overlaps_a_window()
     assert report["traces"][0] > 0, report
     assert 5 == report["skipped_foreign"]
     assert (2, 2, True) == (report["exported"], report["calls"], report["flushed"])
+
+
+def test_configure_with_new_profiler_settings_leaves_a_users_prepared_profiler_alone() -> None:
+    """configure(all_threads=True) while a user's scheduled profiler is prepared (warmup): the
+    new session's profiler priming is skipped, no crash, the user's trace has its events."""
+    code, report, output = run_script("user_profiler_scheduled_reconfigure.py")
+    assert 0 == code, output[-2000:]
+    assert 1 == len(report["traces"]), report
+    assert report["traces"][0] > 0, report
+    assert 6.0 == report["result"]
