@@ -85,8 +85,9 @@ def started_before_fork() -> bool:
 
 
 def _note_fork_in_child() -> None:
-    global _forked_after_start
+    global _forked_after_start, _prime_lock
     _forked_after_start = _forked_after_start or _started_in_pid != 0
+    _prime_lock = threading.Lock()  # (another thread's priming held it at fork: not here)
 
 
 def foreign_profiler_active() -> bool:

@@ -164,6 +164,39 @@ def test_a_fork_while_another_thread_configures_leaves_the_child_working() -> No
     assert exit_code(pid, hung="the child hung on a lock held at fork") == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_fork_while_another_thread_primes_the_profiler_leaves_the_child_working() -> None:
+    """Another thread is priming the profiler (the longest step of a process's first
+    ``configure()``, about a second; its lock held) at fork: in the child, ``configure()``
+    still samples, exports and shuts down (it waited for ever on the copied lock)."""
+    from profkit._capture import window
+
+    _configure(Slow(0.0))
+    held, release = threading.Event(), threading.Event()
+
+    def priming() -> None:
+        with window._prime_lock:
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=priming)
+    other.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            sink = Slow(0.0)
+            _configure(sink)
+            work()
+            code = 0 if (profkit.shutdown(5.0), sink.windows) == (True, 1) else 2
+        finally:
+            os._exit(code)
+    release.set()
+    other.join()
+    assert exit_code(pid, hung="the child hung on the priming lock held at fork") == 0
+
+
 @pytest.mark.timeout(60)
 def test_a_short_flush_after_configure_does_not_cut_the_replaced_sessions_export_short(
     monkeypatch: pytest.MonkeyPatch,
