@@ -338,14 +338,25 @@ def forget() -> None:
             DEFAULT.counters = None
 
 
+#: the session and its sampled calls when the exit flush last ran, if it left no window
+#: open: run again once the non-daemon threads have ended, it is skipped if they sampled
+#: nothing meanwhile (a window left open then may have closed since: it runs)
+_exit_flushed: list[tuple[Session, int]] = []
+
+
 def _before_exit() -> None:
-    """As the interpreter begins to exit: export what is queued while the span exporters
-    and TracerProviders still run (their own exit hooks shut them down later)."""
+    """As the interpreter begins to exit, and again once the non-daemon threads have ended:
+    export what is queued while the span exporters and TracerProviders still run (their own
+    exit hooks shut them down later)."""
     session = get_session()
     try:
         if session is not None:
+            seen = (session, session.stats.snapshot()["sampled"])
+            if seen in _exit_flushed:
+                return  # nothing sampled since it last ran (a hung exporter: no 2 s more)
             session.close_idle_window()
             session.force_flush(_EXIT_FLUSH_S)
+            _exit_flushed[:] = [] if _foreign.window_held() else [seen]
         _answer_for_closing(Deadline(_EXIT_FLUSH_S), run=True)  # (replaced, still exporting)
     except Exception as exc:  # never turn interpreter exit into a traceback
         _errors.log.debug("profkit: flush at exit failed: %r", exc)

@@ -141,7 +141,8 @@ def cancel_at_exit(callback: Callable[[], None]) -> None:
 
 def before_exit(callback: Callable[[], None]) -> None:
     """Run ``callback`` as the interpreter begins to exit, ahead of every ``atexit`` hook
-    (an OpenTelemetry ``TracerProvider``'s own shutdown among them, whenever it was made).
+    (an OpenTelemetry ``TracerProvider``'s own shutdown among them, whenever it was made),
+    and again once the non-daemon threads have ended, still ahead of every ``atexit`` hook.
 
     One dispatcher is registered with the first callback (it cannot be taken back) and runs
     what is registered here then; :func:`cancel_at_exit` takes a callback off.
@@ -154,5 +155,12 @@ def before_exit(callback: Callable[[], None]) -> None:
 
 
 def _run_before_exit() -> None:
+    _run_before_exit_callbacks()
+    # non-daemon threads are joined after this, and may go on sampling meanwhile: once they
+    # are, the callbacks run again, ahead of every atexit hook (one registered now runs first)
+    atexit.register(_run_before_exit_callbacks)
+
+
+def _run_before_exit_callbacks() -> None:
     for callback in list(_state.before_exit_callbacks):
         callback()
