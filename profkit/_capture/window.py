@@ -63,7 +63,9 @@ __all__ = [
 _primed: set[tuple[str, bool]] = set()
 #: CPU seconds the profiler adds per recorded op, per primed setting (see recording_cost)
 _per_event: dict[tuple[str, bool], float] = {}
-_prime_lock = threading.Lock()
+#: re-entrant: a signal handler's configure() may land while its thread primes (its own
+#: priming then finds the profiler on and returns, or primes its settings in between)
+_prime_lock = threading.RLock()
 #: the process in which profkit last started a torch profiler (0: none yet)
 _started_in_pid = 0
 #: set in a process forked after profkit had started a profiler (in its parent or earlier)
@@ -87,7 +89,7 @@ def started_before_fork() -> bool:
 def _note_fork_in_child() -> None:
     global _forked_after_start, _prime_lock
     _forked_after_start = _forked_after_start or _started_in_pid != 0
-    _prime_lock = threading.Lock()  # (another thread's priming held it at fork: not here)
+    _prime_lock = threading.RLock()  # (another thread's priming held it at fork: not here)
 
 
 def foreign_profiler_active() -> bool:

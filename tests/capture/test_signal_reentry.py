@@ -95,3 +95,12 @@ def test_a_handler_call_during_a_windows_stop_joins_nothing() -> None:
     stats = cap.stats
     assert stats["sampled"] == stats["exported"] + stats["skipped_busy"] + stats["dropped"]
     assert [] == [c for c in cap.calls if not c.root.ops]  # none exported as if recorded
+
+
+def test_a_handlers_configure_landing_while_the_profiler_primes_does_not_hang() -> None:
+    """A SIGHUP-style handler calls configure() (new profiler settings) while the main
+    thread primes the profiler in its first configure(): no wait on the priming lock its
+    own thread holds (the process hung for ever); the session left in place samples."""
+    rc, report, err = run_fresh("signal_configure_during_prime")
+    assert 0 == rc, err[-3000:]
+    assert {"reloaded": [True], "result": 6.0, "sampled": 1} == report
