@@ -65,17 +65,19 @@ def async_call(
             error = exc
             raise
         finally:
-            if entered is off:
-                try:
-                    _set_frame(None)
-                except BaseException:  # a signal's exception landed before the set
-                    _set_frame(None)
-                    raise
-            elif entered is not None:
-                exit_twice(entered, error)
-            elif error is not None:  # enter() returned, its result was never kept: undo it
-                undo_enter(outer, error)
-            off.append(None)  # done (a C call, after the frame is back)
+            try:
+                if entered is off:
+                    try:
+                        _set_frame(None)
+                    except BaseException:  # a signal's exception landed before the set
+                        _set_frame(None)
+                        raise
+                elif entered is not None:
+                    exit_twice(entered, error)
+                elif error is not None:  # enter() returned, its result was never kept: undo
+                    undo_enter(outer, error)
+            finally:  # (a signal's exception above too: its tasks would be nested for ever)
+                off.append(None)  # done (a C call, after the frame is back)
 
     return profiled_coroutine
 

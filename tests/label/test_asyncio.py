@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -189,3 +193,76 @@ def test_a_worker_task_started_by_an_unsampled_handler_makes_root_calls_once_it_
         asyncio.run(main())
     # each label's first call is cold, its second the sampler's pick
     assert (5, ["step", "forward"]) == (cap.stats["root_calls"], [c.label for c in cap.calls])
+
+
+class _Injected(Exception):
+    """A signal handler's exception (a request timeout)."""
+
+
+def _raise_injected(signum: int, frame: Any) -> None:
+    raise _Injected(signum)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("metrics", [False, True])
+def test_a_signal_anywhere_in_an_unsampled_coroutine_root_leaves_its_tasks_root_calls(
+    metrics: bool,
+) -> None:
+    """A signal's exception at any point of profkit's code in an unsampled coroutine root
+    (``metrics``: a timed one) that started a task: once the root is over, the task's
+    regions are root calls still (the root's frame is marked done on every way out)."""
+    created: list[asyncio.Task[None]] = []
+
+    async def worker(go: asyncio.Event) -> None:
+        await go.wait()
+        with profkit.region("step"):
+            pass
+
+    @profkit.profiled("handler")
+    async def handler(go: asyncio.Event) -> None:
+        created.append(asyncio.create_task(worker(go)))
+
+    def injector(k: int, seen: list[int]) -> Callable[..., None]:
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event in ("call", "c_return") and "profkit" in frame.f_code.co_filename:
+                seen[0] += 1
+                if seen[0] == k:
+                    signal.getsignal(signal.SIGALRM)(signal.SIGALRM, frame)  # type: ignore[operator]
+
+        return profile
+
+    async def main() -> list[int]:
+        for _ in range(2):  # the label's first calls (its own answers made, then warm)
+            go = asyncio.Event()
+            await handler(go)
+            go.set()
+            await created.pop()
+        left_nested = []
+        k = 0
+        while True:
+            k += 1
+            go, seen = asyncio.Event(), [0]
+            created.clear()
+            sys.setprofile(injector(k, seen))
+            try:
+                await handler(go)
+            except _Injected:
+                pass
+            finally:
+                sys.setprofile(None)
+            if seen[0] < k:
+                return left_nested
+            if not created:  # cut short before the task was made
+                continue
+            before = profkit.stats()["root_calls"]
+            go.set()
+            await created[0]
+            if profkit.stats()["root_calls"] != before + 1:
+                left_nested.append(k)
+
+    previous = signal.signal(signal.SIGALRM, _raise_injected)
+    try:
+        with capture(sample_every=10**9, cold_calls=0, metrics=metrics):
+            assert [] == asyncio.run(main())
+    finally:
+        signal.signal(signal.SIGALRM, previous)
