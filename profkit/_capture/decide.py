@@ -183,7 +183,7 @@ class Decider:
         if SLOT.held is not None:
             win = held_here(self._keeper)
             if win is not None:
-                return _join(self, win, label, parent, otel, speculate, asked)
+                return _join(self, win, label, parent, otel, speculate, asked, sync)
         # the sampled bit first: one int operation on the usual path (a sampled trace)
         if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
             next(self._unsampled)  # lock-free, like the root count
@@ -293,9 +293,11 @@ def _join(
     otel: Any,
     speculate: bool,
     asked: bool,
+    sync: bool = True,
 ) -> Decision:
     """Join the window this thread holds (it has room), or not (see rule 1): the decision of
-    ``decider`` for a root call made while it is open."""
+    ``decider`` for a root call made while it is open (a generator's: neither ``speculate``
+    nor ``sync``; a batch is never speculative, yet has no yield: its pick joins)."""
     if parent is not None and not parent.trace_flags & _SAMPLED and parent.is_valid:
         next(decider._stats.unsampled_traces)
         return decider._off()
@@ -310,8 +312,8 @@ def _join(
     # the label's 1 in N (or the ratio) picks it: the sampler's sample, not a speculation
     trace_id = parent.trace_id if parent is not None and parent.is_valid else None
     picked = not baggage and (pick is True or (pick is ASK and decider._sample(trace_id)))
-    if picked and not speculate:  # a generator: its first yield would cut the window
-        # short, so the window of another task of its thread keeps the pick out
+    if picked and not speculate and not sync:  # a generator: its first yield would cut
+        # the window short, so the window of another task of its thread keeps the pick out
         busy = CallRecord.begin(Policy.SAMPLER, parent, decider._sampler.description)
         decider._stats.skip("skipped_busy", busy)
         return decider._off()

@@ -288,6 +288,23 @@ def test_a_generators_pick_kept_out_by_a_speculative_window_is_counted_busy() ->
     assert (2, 1) == (cap.stats["sampled"], cap.stats["skipped_busy"])
 
 
+def test_a_batchs_pick_inside_a_speculative_window_is_profiled() -> None:
+    """A ``profkit.batch`` that the 1 in N picks while a speculative window is open on its
+    thread (the batcher task of an event loop) is the sampler's sample, as a coroutine's pick
+    is: it has no yield to cut the window short (only a generator's pick is kept out)."""
+
+    def forward() -> float:
+        with profkit.batch("forward", [profkit.batch_member()]):
+            return float(torch.ones(2).sum())
+
+    with capture(sample_every=10**9, capture_slow=True, slow_ms=60_000.0) as cap:
+        _in_speculative_window(forward)  # "forward"'s first call: its label's 1 in N picks it
+    assert [("quick", "every:1000000000"), ("forward", "every:1000000000")] == [
+        (c.label, c.policy) for c in cap.calls
+    ]
+    assert (2, 0) == (cap.stats["sampled"], cap.stats["skipped_busy"])
+
+
 def test_calls_kept_out_by_a_speculative_window_spend_none_of_the_rate_cap() -> None:
     """While a speculative window holds the slot, the root calls of other threads cannot open
     one: they must not use up the speculative rate cap (max_per_minute) trying."""
