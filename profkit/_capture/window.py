@@ -35,7 +35,7 @@ from .._config import Config
 from .._errors import retry_once
 from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
-from .._summary.raw import read_cpu_events
+from .._summary.raw import earliest_ops, read_cpu_events, without_frames
 from . import hooks as _hooks
 from .profiler import (
     cpu_only,
@@ -287,14 +287,8 @@ class Window:
             raise Unreadable("foreign_profiler")
         kineto = prof.profiler.kineto_results if prof.profiler is not None else None
         raw = kineto.events() if kineto is not None else []
-        count = len(raw)
-        if cfg.with_stack and not cfg.profile_memory:
-            # before the cut: torch's Python tracer records every thread's frames (the export
-            # worker's too), and profkit's reader never reads them; torch's parser does
-            raw = _without_python_frames(raw)
-        cut = len(raw) > cfg.max_events
-        if cut:
-            raw = sorted(raw, key=lambda k: k.start_ns())[: cfg.max_events]
+        count = len(raw)  # (torch's parser reads with_stack's Python frames: not left out)
+        raw, cut = earliest_ops(raw, cfg.with_stack and not cfg.profile_memory, cfg.max_events)
         trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
         events: Sequence[Any] | None = None
         if not cfg.profile_memory:  # memory records need torch's own parser
@@ -308,9 +302,7 @@ class Window:
         if events is None:
             if count > cfg.max_events:  # torch's parser would read every event
                 raise Unreadable("too_many_events")
-            events = list(prof.events())  # type: ignore[no-untyped-call]
-            if cfg.with_stack:
-                events = [e for e in events if not getattr(e, "is_python_function", False)]
+            events = without_frames(prof.events(), cfg.with_stack)  # type: ignore[no-untyped-call]
         return WindowEvents(count, trace_start, events, cut, count * recording_cost(cfg))
 
     def write_chrome_trace(self, path: str) -> None:
@@ -341,14 +333,6 @@ class Window:
         for ev in getattr(inner, "_function_events", None) or ():
             ev.cpu_children = []
             ev.cpu_parent = None
-
-
-def _without_python_frames(raw: list[Any]) -> list[Any]:
-    """``raw`` without ``with_stack``'s Python frames: they are for the trace file, not ops
-    (as rows they would count profkit's and the model's Python calls as torch ops)."""
-    if not raw or not hasattr(raw[0], "is_python_function"):
-        return raw
-    return [k for k in raw if not k.is_python_function()]
 
 
 def _still_enabled_here() -> bool:

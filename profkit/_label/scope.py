@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any
 
 from .. import _errors
 from .._capture.decide import CONTROLLED, PROFILED, TIMED
@@ -40,6 +40,7 @@ from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
 from .._text import escape
 from .compiler import compiled_away, compiling
+from .offcall import OffCall
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
@@ -53,32 +54,6 @@ class _Off:
 
 #: the frame value inside an unsampled root call
 OFF: Any = _Off()
-
-
-class OffCall(list):  # type: ignore[type-arg]  # (a list: made and marked in C, no __init__)
-    """The frame of an unsampled coroutine root (``profkit._label.drivers.async_call``'s; the
-    other unsampled roots share ``OFF``): empty while the call runs, one item once it ended.
-
-    Nested scopes record nothing in it, as in ``OFF``. The tasks the call creates copy it
-    with their context (a batcher or worker task started by a request): once the call has
-    ended (``done``), their scopes are root calls again, as after a sampled call, rather
-    than nested for ever in a call that is gone.
-    """
-
-    __slots__ = ()
-    stopped: ClassVar[bool] = True  # (what a nested scope reads of ``frame.call``)
-    policy: ClassVar[None] = None  # nothing asked for it to be profiled (batch_member)
-
-    @property
-    def call(self) -> OffCall:
-        return self
-
-    @property
-    def done(self) -> bool:
-        return bool(self)
-
-    def __repr__(self) -> str:
-        return f"<profkit unsampled call done={self.done}>"
 
 
 class Active:

@@ -279,7 +279,7 @@ def _build_call(
     attribution, per_scope = _attribute(index, call, marks, intervals, all_threads)
     scopes = []
     compile_us = 0.0
-    error_text = ErrorText.of(call.error, limit) if call.error is not None else None
+    error_text = _error_text(call.error, limit)  # (a raising call's leaves each scope)
     for i, (rec, mark) in enumerate(zip(call.scopes, marks, strict=True)):
         span = (mark.start_ns, mark.end_ns) if mark is not None else (rec.start_ns, rec.end_ns)
         evs, compiles = index.split_compiles(per_scope[i])
@@ -304,7 +304,7 @@ def _build_call(
                 self_device_us=sum(r.self_device_us for r in rows if r.is_kernel),
                 code=_clean_code(rec.code, limit),
                 timing="profiler" if mark is not None else "python",
-                error=_scope_error(rec.error, call.error, error_text, limit),
+                error=error_text if rec.error is call.error else _error_text(rec.error, limit),
             )
         )
     device_active = any(v.device for evs in per_scope for v in evs)
@@ -383,19 +383,8 @@ def _bounded_attrs(attrs: dict[str, Any], limit: int, max_count: int) -> dict[st
     return out
 
 
-def _scope_error(
-    error: BaseException | None,
-    call_error: BaseException | None,
-    call_text: ErrorText | None,
-    limit: int,
-) -> ErrorText | None:
-    """The exception that left a scope, as text: the call's own when it is the same one (the
-    exception of a raising call leaves each scope on its way out), made once."""
-    if error is None:
-        return None
-    if error is call_error and call_text is not None:
-        return call_text
-    return ErrorText.of(error, limit)
+def _error_text(error: BaseException | None, limit: int) -> ErrorText | None:
+    return ErrorText.of(error, limit) if error is not None else None
 
 
 def _clean_code(code: CodeInfo | None, limit: int) -> CodeInfo | None:

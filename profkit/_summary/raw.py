@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from .events import RawEvent
 
-__all__ = ["UNDECODABLE", "read_cpu_events"]
+__all__ = ["UNDECODABLE", "earliest_ops", "read_cpu_events", "without_frames"]
 
 try:  # the same name rewrite torch applies ("ProfilerStep#3" -> "ProfilerStep*")
     from torch.autograd import profiler_util as _torch_util
@@ -70,6 +70,25 @@ def _rewrite(name: str) -> str | None:
     if len(_NAMES) < _NAMES_MAX:
         _NAMES[name] = out
     return out
+
+
+def earliest_ops(raw: list[Any], with_stack: bool, max_events: int) -> tuple[list[Any], bool]:
+    """A window's kineto events to read, and whether they were cut: ``with_stack``'s Python
+    frames left out first (torch's Python tracer records every thread's, the export worker's
+    too; they are for the trace file, not ops: as rows they would count profkit's and the
+    model's Python calls as torch ops), then past ``max_events`` the earliest ``max_events``."""
+    if with_stack and raw and hasattr(raw[0], "is_python_function"):
+        raw = [k for k in raw if not k.is_python_function()]
+    if len(raw) <= max_events:
+        return raw, False
+    return sorted(raw, key=lambda k: k.start_ns())[:max_events], True
+
+
+def without_frames(events: Iterable[Any], with_stack: bool) -> list[Any]:
+    """torch's parsed ``FunctionEvent``s, ``with_stack``'s Python frames left out."""
+    if not with_stack:
+        return list(events)
+    return [e for e in events if not getattr(e, "is_python_function", False)]
 
 
 def read_cpu_events(
