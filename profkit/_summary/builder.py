@@ -33,7 +33,7 @@ from .._model import Attribution, AttrValue, CallSummary, CodeInfo, ErrorText, O
 from .._records import CallRecord, ScopeRecord
 from .._text import as_label, clean
 from .compile_events import compile_row, compiled_labels, fold_compiles, is_compile_event
-from .events import EventView, RawEvent
+from .events import LOADER_RANGES, EventView, RawEvent
 from .steps import in_intervals, merged, steps_of
 
 __all__ = ["build_calls", "rows_for", "top_rows"]
@@ -102,7 +102,9 @@ def _num(ev: Any, attr: str) -> float:
 def top_rows(rows: Sequence[OpRow], top_k: int) -> tuple[OpRow, ...]:
     """The ``top_k`` heaviest rows, plus one "other" row holding the rest so sums still add up.
 
-    Rows are ranked by self device time when any was recorded, else by self CPU time.
+    Rows are ranked by self device time when any was recorded, else by self CPU time. A data
+    loader's range is never in "other" (the diagnosis reads its time as input; on a device,
+    where it has no time of its own, it would rank last).
     """
     by_device = any(r.self_device_us > 0 for r in rows)
 
@@ -111,6 +113,8 @@ def top_rows(rows: Sequence[OpRow], top_k: int) -> tuple[OpRow, ...]:
 
     ranked = sorted(rows, key=weight, reverse=True)
     head, tail = ranked[:top_k], ranked[top_k:]
+    head += [r for r in tail if r.name.startswith(LOADER_RANGES)]
+    tail = [r for r in tail if not r.name.startswith(LOADER_RANGES)]
     if not tail:
         return tuple(head)
     other = OpRow(

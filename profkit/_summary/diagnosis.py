@@ -49,6 +49,7 @@ from collections.abc import Sequence
 
 from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
 
+from .events import LOADER_RANGES
 from .thresholds import HALF, Figures, Thresholds, ThresholdSource, Verdict
 from .thresholds import confidence as _confidence
 from .thresholds import margin as _margin
@@ -67,10 +68,6 @@ _MU = "\u00b5"
 
 _NAMED_SHARE = 0.1
 """The compute-bound reason names the second op only when it takes this share of op time."""
-
-_LOADER_RANGES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
-"""torch's ranges around a data loader's ``__next__``: their self time (fetching rows in
-Python, waiting for worker processes) is input, not op time; the ops inside are their own."""
 
 
 def amdahl_speedup(f: float, s: float) -> float:
@@ -147,7 +144,7 @@ def _share(part: float, whole: float) -> float:
 
 def _is_loader(row: OpRow) -> bool:
     """Whether a row is torch's range around a data loader's ``__next__``."""
-    return not row.is_other and not row.is_kernel and row.name.startswith(_LOADER_RANGES)
+    return not row.is_other and not row.is_kernel and row.name.startswith(LOADER_RANGES)
 
 
 def _op_self_us(scope: ScopeSummary) -> float:

@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["EventView", "RawEvent", "Unreadable", "WindowEvents"]
+__all__ = ["LOADER_RANGES", "EventView", "RawEvent", "Unreadable", "WindowEvents"]
+
+#: torch's ranges around a data loader's ``__next__``: their self time (fetching rows in
+#: Python, waiting for worker processes) is input, not op time; the ops inside are their own
+LOADER_RANGES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
 
 
 def _range(ev: Any) -> tuple[float, float]:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from profkit._config import Config
 from profkit._model import CallSummary, OpRow, ScopeSummary
+from profkit._summary.builder import top_rows
 from profkit._summary.diagnosis import Thresholds, amdahl_speedup, diagnose
 
 VERDICTS = {"input-bound", "launch-bound", "compute-bound", "balanced", "no-ops"}
@@ -137,6 +138,17 @@ def test_input_bound_minor_region_gets_its_share() -> None:
     c = call(root, region("decode", 300, 1))
     expected = "88% of the call outside torch ops, the largest part (32%) in region 'decode'"
     assert diagnose(c, DEFAULT).reason == expected
+
+
+def test_a_data_loader_ranked_past_top_k_on_a_device_is_still_input_time() -> None:
+    """On a device the op rows rank by device time, so a DataLoader's range (none of its own)
+    would fall past ``top_k`` into "other": it stays a named row, its time input time."""
+    kernels = [op(f"kernel_{i}", 1, 0.0, device=200.0, kernel=True) for i in range(6)]
+    launches = [op(f"aten::op_{i}", 1, 20.0, device=200.0) for i in range(6)]
+    loader = op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 2, 90_000.0)
+    rows = top_rows([*kernels, *launches, loader], 10)
+    d = diagnose(call(scope("step", 100_000.0, ops=rows), device=True), DEFAULT)
+    assert ("input-bound", [loader]) == (d.verdict, [r for r in rows if r.name == loader.name])
 
 
 def test_launch_bound() -> None:
