@@ -182,9 +182,9 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
     try:
         FRAME.set(OFF)
         decision = NOT_PROFILED
-        found: tuple[list[BatchMember], list[float] | None, bool] = ([], None, False)
+        found: tuple[list[Any], list[BatchMember], bool] = ([], [], False)
         try:
-            found = _valid(session.stats, members, weights)
+            found = _valid(session.stats, members)
         except Exception as exc:
             _errors.internal(session.stats, "batch", exc)
         try:  # a failing decision is counted; the batch then runs unsampled
@@ -200,7 +200,7 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
             return OFF
         call = decision[1]
         try:
-            call.batch = _summary(session.stats, *found)
+            call.batch = _summary(session.stats, found[0], found[1], weights)
         except Exception as exc:  # the call is still profiled, as a plain one
             _errors.internal(session.stats, "batch", exc)
         return _open(call, None, session, label, {}, None)
@@ -209,15 +209,11 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
         raise
 
 
-def _valid(
-    stats: Any, members: Any, weights: Any
-) -> tuple[list[BatchMember], list[float] | None, bool]:
-    """The tokens among ``members``, their weights (None: equal shares), whether one asked.
+def _valid(stats: Any, members: Any) -> tuple[list[Any], list[BatchMember], bool]:
+    """``members`` as a list, the tokens among them, whether one asked (what the decision
+    needs: the weights are read only once the batch is profiled, :func:`_summary`).
 
-    What is not a token is counted and left out (``batch_members_invalid``); weights that
-    are not one finite number >= 0 per member, with a positive sum, are counted
-    (``batch_weights_invalid``) and give equal shares; with no token there is nothing to
-    weigh (an empty batch's empty weights are not bad ones).
+    What is not a token is counted and left out (``batch_members_invalid``).
     """
     try:
         items = list(members)
@@ -225,17 +221,12 @@ def _valid(
         if _errors.foreign(exc):  # a signal handler's (a timeout): the application's
             raise
         stats.add("batch_members_invalid")
-        return [], None, False
+        return [], [], False
     valid = [m for m in items if m.__class__ is BatchMember]
     if len(valid) != len(items):
         stats.add("batch_members_invalid", len(items) - len(valid))
     asked = any(m.asked and not _in_unsampled_trace(m.span_context) for m in valid)
-    if weights is None or not valid:  # no member: no share to weigh, nothing wrong with them
-        return valid, None, asked
-    chosen = _weights(items, weights)
-    if chosen is None:
-        stats.add("batch_weights_invalid")
-    return valid, chosen, asked
+    return items, valid, asked
 
 
 def _in_unsampled_trace(sc: Any) -> bool:
@@ -281,11 +272,20 @@ def _weights(items: list[Any], weights: Any) -> list[float] | None:
 
 
 def _summary(
-    stats: Any, members: list[BatchMember], weights: list[float] | None, asked: bool
+    stats: Any, items: list[Any], members: list[BatchMember], given: Any
 ) -> BatchSummary | None:
-    """The profiled batch's members with their shares; counts those with no member span."""
+    """The profiled batch's members with their shares; counts those with no member span.
+
+    The weights ``given`` are read here, for a profiled batch alone (a device tensor's
+    ``tolist()`` waits for the device): not one finite number >= 0 per item of ``items``,
+    with a positive sum, they are counted (``batch_weights_invalid``) and give equal shares.
+    With no token there is nothing to weigh (an empty batch's empty weights are not bad).
+    """
     if not members:
         return None
+    weights = _weights(items, given) if given is not None else None
+    if given is not None and weights is None:
+        stats.add("batch_weights_invalid")
     total = sum(weights) if weights is not None else float(len(members))
     out = []
     for i, m in enumerate(members):

@@ -587,3 +587,34 @@ def test_an_asked_batch_joins_the_speculative_window_of_its_loop(
     forward = [c.policy for c in cap.calls if c.label == "forward"]
     assert ["baggage"] * 10 == forward
     assert 0 == cap.stats["skipped_busy"]
+
+
+class _DeviceWeights:
+    """Weights as a device tensor gives them: ``tolist()`` copies them to the host, waiting
+    for every kernel queued before (a synchronize): each read is noted."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values, self.reads = values, 0
+
+    def tolist(self) -> list[int]:
+        self.reads += 1
+        return self.values
+
+
+def test_an_unprofiled_batch_never_reads_its_weights(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """Weights are read only for a profiled batch (their only use is its members' shares):
+    off-sample, a device tensor's ``tolist()`` would synchronize the device on every batch."""
+    weights = _DeviceWeights([1, 3])
+    with batching(provider, sample_every=10**9, cold_calls=0) as (cap, tracer):
+        members = []
+        for _ in range(2):
+            with tracer.start_as_current_span("request"):
+                members.append(profkit.batch_member())
+        for _ in range(5):  # the first is the sampler's pick, then off-sample
+            with profkit.batch("forward", members, weights=weights):
+                pass
+    _, member_spans = _batch_and_members(cap.spans(), "forward")
+    shares = [(m.attributes or {})["profkit.batch.share"] for m in member_spans]
+    assert (1, [0.25, 0.75]) == (weights.reads, shares)
