@@ -22,8 +22,10 @@ emitted later, off the request path. The host application's structlog configurat
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -70,11 +72,33 @@ class LogExporter(Exporter):
                 _members(logger, call, ids, head)
 
 
+#: ``structlog.wrap_logger``'s own parameters (its other keyword arguments are the context)
+_WRAP_ARGS = frozenset(inspect.signature(structlog.wrap_logger).parameters)
+
+
 def _structured(logger: Any) -> Any:
     """A stdlib ``logging.Logger`` (or ``LoggerAdapter``) wrapped in structlog's stdlib
     ``BoundLogger``: its ``info(msg)`` takes no event fields (``TypeError`` on every call, so
     every sampled call was dropped); wrapped, the events go through the host application's
-    structlog processors and reach that logger as one message each."""
+    structlog processors and reach that logger as one message each.
+
+    A plain ``LoggerAdapter`` (its ``process()`` not overridden) is unwrapped: its logger is
+    wrapped, its ``extra`` are event fields. Its ``process()`` would replace the ``extra``
+    that structlog's ``ProcessorFormatter`` finds its events by, and each event would be
+    rendered as the text of a dict.
+    """
+    if (
+        isinstance(logger, logging.LoggerAdapter)
+        and type(logger).process is logging.LoggerAdapter.process
+        and isinstance(logger.logger, logging.Logger)
+    ):
+        extra = logger.extra if isinstance(logger.extra, Mapping) else {}
+        fields: dict[str, Any] = {  # (a key named as one of wrap_logger's own is left out)
+            k: v for k, v in extra.items() if isinstance(k, str) and k not in _WRAP_ARGS
+        }
+        return structlog.wrap_logger(
+            logger.logger, wrapper_class=structlog.stdlib.BoundLogger, **fields
+        )
     if isinstance(logger, logging.Logger | logging.LoggerAdapter):
         return structlog.wrap_logger(logger, wrapper_class=structlog.stdlib.BoundLogger)
     return logger

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import torch
 from fresh_interpreter import ROOT, SCRIPTS
 from opentelemetry import trace
@@ -195,6 +197,37 @@ def test_a_stdlib_logger_given_as_logger_gets_every_event(adapter: bool) -> None
     messages = [r.getMessage() for r in handler.records]
     assert 1 == sum("profkit.profile" in m for m in messages)
     assert 4 == sum("profkit.op" in m for m in messages)  # top 3 and "other"
+
+
+def test_a_logger_adapter_under_structlogs_stdlib_formatter_gets_structured_events() -> None:
+    """A ``LoggerAdapter`` given as ``logger``, with structlog's stdlib integration (its
+    ``ProcessorFormatter`` renders JSON): each event is rendered with its fields, the
+    adapter's ``extra`` among them, not as the repr of a dict in ``event``."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(processor=structlog.processors.JSONRenderer())
+    )
+    stdlib = logging.getLogger("profkit-test.adapter-formatter")
+    stdlib.addHandler(handler)
+    stdlib.setLevel(logging.INFO)
+    stdlib.propagate = False
+    structlog.configure(
+        processors=[structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+    try:
+        given = logging.LoggerAdapter(stdlib, {"service": "ranker"})
+        with capture(sample_every=1, exporters=("log",), logger=given, top_k=1):
+            predict(BATCH)
+            profkit.force_flush(10.0)
+    finally:
+        structlog.reset_defaults()
+        stdlib.removeHandler(handler)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    head = [(e["event"], e.get("label"), e.get("service")) for e in events]
+    assert ("profkit.profile", "predict", "ranker") == head[0]
 
 
 def test_json_lines_exporter(capsys: pytest.CaptureFixture[str]) -> None:
