@@ -13,6 +13,7 @@ the ``ValueError`` that names the setting.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import signal
@@ -311,21 +312,36 @@ LOGGER = object_setting(
 )
 
 
+#: OpenTelemetry SDK exporters: their ``export()`` takes spans, metrics or log records, and
+#: fails on every profkit summary; each goes on its own provider
+_OTEL_EXPORTERS = (
+    ("opentelemetry.sdk.trace.export", ("SpanExporter",)),
+    ("opentelemetry.sdk.metrics.export", ("MetricExporter",)),
+    ("opentelemetry.sdk._logs.export", ("LogRecordExporter", "LogExporter")),
+)
+
+
 def _profkit_exporter(value: Any) -> bool:
-    """An object with ``export()``, and not an OpenTelemetry ``SpanExporter``: that one
-    takes spans (its ``export(spans)`` fails on every summary); it goes on the
-    TracerProvider, in a span processor."""
+    """An object with ``export()``, and not an OpenTelemetry SDK span, metric or log
+    exporter (see :data:`_OTEL_EXPORTERS`)."""
     if not _has(value, "export"):
         return False
-    from opentelemetry.sdk.trace.export import SpanExporter  # (only for this rule)
-
-    return not isinstance(value, SpanExporter)
+    for module, names in _OTEL_EXPORTERS:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:  # (an SDK without that signal)
+            continue
+        bases = tuple(b for n in names if isinstance(b := getattr(found, n, None), type))
+        if bases and isinstance(value, bases):
+            return False
+    return True
 
 
 EXPORTER_OBJECTS = object_setting(
     lambda v: isinstance(v, tuple) and all(_profkit_exporter(e) for e in v),
-    "a tuple of objects with an export() method (not OpenTelemetry SpanExporters: those go "
-    "on the TracerProvider, in a span processor)",
+    "a tuple of objects with an export() method (not OpenTelemetry SDK span, metric or log "
+    "exporters: those go on the TracerProvider, MeterProvider or LoggerProvider, in a "
+    "processor or reader)",
     accepts="Sequence[Exporter]",
     coerce=_listed,
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import structlog
@@ -72,6 +73,26 @@ def test_an_opentelemetry_span_exporter_in_extra_exporters_is_a_value_error() ->
     with pytest.raises(ValueError, match="extra_exporters") as info:
         profkit.configure(extra_exporters=[InMemorySpanExporter()])
     assert "TracerProvider" in str(info.value)
+    assert get_session() is None
+
+
+def _otel_metric_and_log_exporters() -> list[Any]:
+    from opentelemetry.sdk._logs import export as logs
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    in_memory = getattr(logs, "InMemoryLogRecordExporter", None) or logs.InMemoryLogExporter
+    return [ConsoleMetricExporter(), in_memory()]
+
+
+@pytest.mark.parametrize("exporter", _otel_metric_and_log_exporters(), ids=type)
+def test_an_opentelemetry_metric_or_log_exporter_in_extra_exporters_is_a_value_error(
+    exporter: Any,
+) -> None:
+    """OTel metric and log exporters have an export() too, for their own data: a ValueError
+    says where they go instead of a session that fails every window."""
+    with pytest.raises(ValueError, match="extra_exporters") as info:
+        profkit.configure(extra_exporters=[exporter])
+    assert "MeterProvider" in str(info.value)
     assert get_session() is None
 
 
