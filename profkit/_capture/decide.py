@@ -102,11 +102,13 @@ _thread_ns = time.thread_time_ns
 def asks_to_profile(ctx: Any) -> bool:
     """Whether the OTel baggage in ``ctx`` holds ``profkit.profile`` = 1, true or yes.
 
-    ``baggage.get_baggage("profkit.profile", ctx)`` without its three Python frames.
+    ``baggage.get_baggage("profkit.profile", ctx)`` without its three Python frames. W3C
+    properties after the value (``1;ttl=30``, which OTel Java and Go send as metadata) are
+    not the value: OTel Python's propagator keeps them in it, so they are cut off here.
     """
     bag = ctx.get(BAGGAGE_KEY)
     value = bag.get("profkit.profile") if isinstance(bag, dict) else None
-    return isinstance(value, str) and value.strip().lower() in _YES
+    return isinstance(value, str) and value.partition(";")[0].strip().lower() in _YES
 
 
 def make_sampler(config: Config) -> Sampler:

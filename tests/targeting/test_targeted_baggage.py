@@ -96,6 +96,25 @@ def test_the_value_says_yes_in_a_few_spellings() -> None:
     assert [EVERY] + ["baggage"] * 4 == _policies(cap)
 
 
+def test_a_w3c_baggage_member_with_properties_still_asks() -> None:
+    """A W3C ``baggage`` header member with properties (``profkit.profile=1;ttl=30``, as
+    OTel Java or Go send metadata) asks for a profile: OTel Python keeps the properties in
+    the value, and profkit reads only the value before the first ``;``."""
+    with capture(baggage_trigger=True, sample_every=QUIET) as cap:
+        predict(X)  # the sampler's first call
+        for header in (
+            "profkit.profile=1;ttl=30",
+            "profkit.profile=true ; p",
+            "profkit.profile=0;x",
+        ):
+            token = otel_context.attach(propagate.extract({"baggage": header}))
+            try:
+                predict(X)
+            finally:
+                otel_context.detach(token)
+    assert [EVERY, "baggage", "baggage"] == _policies(cap)
+
+
 def test_with_the_setting_off_the_baggage_changes_nothing() -> None:
     """baggage_trigger off (the default): the baggage call and the plain one are not profiled."""
     with capture(sample_every=QUIET) as cap:
