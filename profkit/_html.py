@@ -46,6 +46,9 @@ MAX_LABELS = 100
 TOP = 10
 _BINS = 24
 _W = 760  # the SVGs' width in px (the content column)
+#: a waterfall's shortest time axis, in µs (a ns: profkit's timestamps' resolution); below
+#: it (a file's 0 or subnormal times) the axis is 1 µs long
+_MIN_TOTAL_US = 1e-3
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:820px;color:#1b1f24}
@@ -306,7 +309,9 @@ def _num(value: Any, default: float = 0.0) -> float:
 def _waterfall(s: Sample, event: Mapping[str, Any]) -> str:
     """The call as a bar, its regions as bars below it, on the profiler's timestamps."""
     regions = _regions(event)
-    total = max([s.duration_us, *(a + d for _, a, d, _ in regions)]) or 1.0
+    total = max([s.duration_us, *(a + d for _, a, d, _ in regions)])
+    if total < _MIN_TOTAL_US:  # 0, or so small (subnormal) that the scale would be inf
+        total = 1.0
     rows = 1 + max([d for *_, d in regions] or [0])
     scale = (_W - 20) / total
     bars = [_bar("root", 10, 0, total * scale, f"{s.label} {s.duration_us / 1e3:.3f} ms", s.label)]

@@ -304,3 +304,13 @@ def test_a_page_of_many_labels_shows_the_busiest_and_says_how_many_it_left_out(
     assert [(str(len(rare) + 3), str(len(rare) + 1))] == counts["header"]
     assert ["busy"] + [f"rare-{i:04}" for i in range(MAX_LABELS - 1)] == counts["labels"]
     assert ["41 more labels"] == re.findall(r"(\d+ more labels)", text)
+@pytest.mark.parametrize("duration_us", [1e-320, 5e-324])
+def test_a_subnormal_time_in_a_file_still_makes_a_page(duration_us: float) -> None:
+    """A call or region time too small for its bar's scale (a subnormal float: the scale
+    overflowed to inf) is drawn as a zero-width bar; the page is written, not an
+    OverflowError."""
+    region = {"region": "r", "start_us": 0, "duration_us": duration_us, "parent": 0}
+    event = {"event": "profkit.profile", "label": "x", "duration_us": duration_us}
+    line = json.dumps({**event, "regions": [region]})
+    text = page(read([line])[0])
+    assert 1 == text.count("<rect class=region")
