@@ -56,7 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen command; its exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reads FILE... only up to the first option: the report's FILEs after one
+        # (``after.jsonl --baseline before.jsonl more.jsonl``) are FILEs too
+        if args.command == "report" and not any(a.startswith("-") and a != "-" for a in extra):
+            args.files.extend(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
     if args.command == "report":
         from . import _html
 

@@ -66,3 +66,24 @@ def test_top_still_sets_the_text_reports_rows(
     for argv, rows in (([], 5), (["--top", "3"], 3)):
         assert 0 == cli.main(["report", src, *argv])
         assert rows == capsys.readouterr().out.count("aten::op")
+
+
+def test_files_on_both_sides_of_an_option_are_all_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FILEs before and after an option (``after.jsonl --baseline before.jsonl more.jsonl``,
+    ``a.jsonl --top 3 b.jsonl``) are all FILEs, as the docs say, not "unrecognized
+    arguments" (exit status 2, no page); an unknown option is still refused."""
+    one, two = _lines(tmp_path / "one.jsonl", 3), _lines(tmp_path / "two.jsonl", 5)
+    base = _lines(tmp_path / "base.jsonl", 2)
+    out = tmp_path / "o.html"
+    assert 0 == cli.main(["report", "--html", str(out), one, "--baseline", base, two])
+    text = out.read_text(encoding="utf-8")
+    assert (["8"], ["2"]) == (
+        re.findall(r"<p class=meta>(\d+) samples", text),
+        re.findall(r"baseline: (\d+) samples", text),
+    )
+    capsys.readouterr()
+    assert 0 == cli.main(["report", one, "--top", "3", two])
+    assert "predict  8 samples" in capsys.readouterr().out
+    assert "--bogus" in _refused(["report", one, "--bogus", two], capsys)
