@@ -4,7 +4,8 @@ The lines are the ``"json"`` exporter's (one ``profkit.profile`` object per call
 as ``top_ops``) or structlog's JSON rendering of the ``"log"`` exporter's events (a
 ``profkit.profile`` event per call, a ``profkit.op`` event per row), and the log exporter's
 compact lines under an unconfigured structlog (:func:`profkit.exporters.logs.parse_compact`);
-every other line (text logs, anything else) is skipped.
+every other line (text logs, anything else) is skipped. A file (or stdin) is UTF-8, or what
+its byte order mark says (UTF-16 with one: Windows PowerShell's ``>`` writes it).
 
 Any input is read without raising: a line that looks like JSON but does not parse, and a
 profkit event whose label, duration or op time is not what profkit writes (null, a string,
@@ -199,8 +200,27 @@ def _add_op(sample: Sample, row: Any) -> None:
 
 def _open(path: str) -> contextlib.AbstractContextManager[IO[str]]:
     if path != "-":
-        return open(path, encoding="utf-8", errors="replace")
+        raw = open(path, "rb")  # noqa: SIM115 (the wrapper below owns and closes it)
+        return io.TextIOWrapper(raw, encoding=_encoding(raw), errors="replace")
     return _stdin()
+
+
+def _encoding(stream: IO[bytes]) -> str:
+    """UTF-16 when ``stream`` starts with its byte order mark and an ASCII character in it
+    (a line's first, ``{`` or a log's date: Windows PowerShell's ``>`` writes UTF-16), else
+    UTF-8, a UTF-8 BOM skipped (bytes that only look like a BOM stay U+FFFD). Looked at
+    without consuming it (``peek``: a pipe's bytes are read once)."""
+    peek = getattr(stream, "peek", None)
+    head = peek(4)[:4] if peek is not None else b""
+    if (
+        len(head) == 4
+        and (
+            (head[:2] == b"\xff\xfe" and head[2] and not head[3])  # LE: "{" is 7b 00
+            or (head[:2] == b"\xfe\xff" and not head[2] and head[3])  # BE: 00 7b
+        )
+    ):
+        return "utf-16"
+    return "utf-8-sig"
 
 
 @contextlib.contextmanager
@@ -210,7 +230,7 @@ def _stdin() -> Iterator[IO[str]]:
     if buffer is None:  # a replaced stdin (a test's): read it as it is
         yield sys.stdin
         return
-    wrapper = io.TextIOWrapper(buffer, encoding="utf-8", errors="replace")
+    wrapper = io.TextIOWrapper(buffer, encoding=_encoding(buffer), errors="replace")
     try:
         yield wrapper
     finally:

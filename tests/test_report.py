@@ -362,3 +362,21 @@ def test_cold_samples_left_out_are_said_so(
     out, err = capsys.readouterr()
     assert "predict  6 samples" in out
     assert "cold" not in err
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom"),
+    [("utf-8", b"\xef\xbb\xbf"), ("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff")],
+)
+def test_a_file_with_a_byte_order_mark_is_read_whole(
+    encoding: str, bom: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that starts with a byte order mark (an editor's UTF-8 BOM; Windows
+    PowerShell's ``>`` writes UTF-16) is read in its encoding: every sample, the first one
+    too (the BOM once hid the first line silently, and UTF-16 read as "no profkit.profile
+    events found")."""
+    event = {"event": "profkit.profile", "label": "predict", "duration_us": 1000.0}
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(bom + ((json.dumps(event) + "\n") * 3).encode(encoding))
+    assert 0 == cli.main(["report", str(path)])
+    assert "predict  3 samples" in capsys.readouterr().out
