@@ -6,8 +6,10 @@ span, a log event or a terminal goes through :func:`clean` first:
 * a lone surrogate (Python's stand-in for bytes that are not UTF-8, e.g. a file name read with
   ``surrogateescape``) becomes U+FFFD: OTLP's protobuf encoder fails a whole batch, the
   application's spans included, on one such string;
-* a control character (C0, DEL, C1: ANSI escapes, NUL, newlines) becomes its visible escape
-  (``\\x1b``, ``\\n``), so a label cannot rewrite a terminal or split a log line;
+* a control character (C0, DEL, C1: ANSI escapes, NUL, newlines), a bidirectional control
+  (U+202E and its kin) or a Unicode line separator becomes its visible escape (``\\x1b``,
+  ``\\n``, ``\\u202e``), so a label cannot rewrite or reorder a terminal line or split a
+  log line;
 * the result is cut at ``limit`` characters, ending in "…" when cut.
 
 Pure and torch-free. The common case (a printable string within the limit) costs one
@@ -20,8 +22,12 @@ import re
 
 __all__ = ["as_label", "clean", "clip", "escape"]
 
-#: characters that never leave profkit as they are: C0 and C1 controls, DEL, lone surrogates
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: characters that never leave profkit as they are: C0 and C1 controls, DEL, lone surrogates,
+#: bidirectional controls (they reorder a line as it is shown: "Trojan Source") and Unicode's
+#: line and paragraph separators (they split a log line)
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -29,7 +35,8 @@ def _replace(match: re.Match[str]) -> str:
     char = match.group()
     if "\ud800" <= char <= "\udfff":
         return "\ufffd"
-    return _ESCAPES.get(char) or f"\\x{ord(char):02x}"
+    code = ord(char)
+    return _ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def escape(text: str) -> str:

@@ -261,6 +261,27 @@ def _unclean(text: str) -> bool:
     return any(0xD800 <= ord(c) <= 0xDFFF or (unicodedata.category(c) == "Cc") for c in text)
 
 
+def test_bidi_controls_and_line_separators_are_escaped() -> None:
+    """A label with a right-to-left override (it reorders a terminal line as it is shown,
+    "Trojan Source") or a Unicode line separator (it splits a log line) leaves profkit with
+    those characters as visible escapes, in spans, log events and the console alike."""
+    label = "pay\u202eevil\u2066x\u2028y\u2029z\u200f"
+    expected = "pay\\u202eevil\\u2066x\\u2028y\\u2029z\\u200f"
+    console = io.StringIO()
+    with (
+        structlog.testing.capture_logs() as logs,
+        capture(
+            sample_every=1, exporters=("otel", "log"), extra_exporters=(ConsoleExporter(console),)
+        ) as cap,
+        profkit.region(label),
+    ):
+        torch.mm(X, X)
+    assert [expected] == [s.name for s in cap.spans()]
+    assert expected in [e.get("label") for e in logs]
+    assert expected in console.getvalue()
+    assert not any(c in console.getvalue() for c in "\u202e\u2066\u2028\u2029\u200f")
+
+
 def test_console_exporter_escapes_control_characters_in_what_it_prints() -> None:
     """A summary built elsewhere (not cleaned by profkit) still prints no terminal escapes."""
     root = ScopeSummary(
