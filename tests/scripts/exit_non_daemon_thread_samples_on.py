@@ -9,50 +9,19 @@ the worker's last calls are still queued in profkit when the worker ends. The re
 written by the first exit hook registered, which runs last.
 """
 
-import atexit
 import sys
 import threading
 import time
-from collections.abc import Sequence
 
-from _fresh import f, report
+from _fresh import SlowExporter, f, report_spans_at_exit
 
 import profkit
 
 kind, mode = sys.argv[1], sys.argv[2]
 
 
-class SlowExporter:
-    """Counts the spans it got, slowly; after shutdown it takes nothing."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-        self.closed = False
-
-    def export(self, spans: Sequence[object]) -> object:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        if self.closed:
-            return SpanExportResult.FAILURE
-        time.sleep(0.03 * len(spans))
-        self.spans += len(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self.closed = True
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
-exporter = SlowExporter()
-
-
-def _report() -> None:
-    report(delivered=exporter.spans, stats=profkit.stats())
-
-
-atexit.register(_report)  # first registered: runs after every other exit hook
+exporter = SlowExporter(0.03)
+report_spans_at_exit(exporter)  # first exit hook registered: it runs last
 profkit.configure(
     sample_every=1,
     cold_calls=0,

@@ -6,49 +6,17 @@ processor). The exporter is slow, so a backlog is left at exit. The report is wr
 the first exit hook registered, which runs last.
 """
 
-import atexit
 import sys
-import time
-from collections.abc import Sequence
 
-from _fresh import f, report
+from _fresh import SlowExporter, f, report_spans_at_exit
 
 import profkit
 
 order, kind = sys.argv[1], sys.argv[2]
 
 
-class SlowExporter:
-    """Counts the spans it got, slowly; after shutdown it takes nothing."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-        self.closed = False
-
-    def export(self, spans: Sequence[object]) -> object:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        if self.closed:
-            return SpanExportResult.FAILURE
-        time.sleep(0.01 * len(spans))
-        self.spans += len(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self.closed = True
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
-exporter = SlowExporter()
-
-
-def _report() -> None:
-    report(delivered=exporter.spans, stats=profkit.stats())
-
-
-atexit.register(_report)  # first registered: runs after every other exit hook
+exporter = SlowExporter(0.01)
+report_spans_at_exit(exporter)  # first exit hook registered: it runs last
 
 
 def make_provider() -> None:
