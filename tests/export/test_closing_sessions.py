@@ -5,11 +5,15 @@ say False when it could not export everything, instead of True at once with noth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import pytest
 from _fork import exit_code
@@ -133,6 +137,31 @@ def test_a_shutdown_cut_short_by_a_signal_is_run_again_by_the_next() -> None:
     assert stats["sampled"] == stats["exported"] == sink.windows == 6
 
 
+def _fork_holding(hold: Callable[[], AbstractContextManager[Any]], child: Callable[[], int]) -> int:
+    """Fork while another thread is inside ``hold()`` (profkit's locks held); the child runs
+    ``child()`` (its exit status) and the parent returns that status, or raises if it hung."""
+    held, release = threading.Event(), threading.Event()
+
+    def holding() -> None:
+        with hold():
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=holding)
+    other.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    release.set()
+    other.join()
+    return exit_code(pid, hung="the child hung on a lock held at fork")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_while_another_thread_configures_leaves_the_child_working() -> None:
@@ -140,61 +169,35 @@ def test_a_fork_while_another_thread_configures_leaves_the_child_working() -> No
     ``configure()`` and ``shutdown()`` still work (they waited for ever on the copied locks)."""
     from profkit import _global
 
-    _configure(Slow(0.0))
-    held, release = threading.Event(), threading.Event()
-
-    def configuring() -> None:
+    @contextlib.contextmanager
+    def configuring() -> Iterator[None]:
         with _global._lifecycle, _global._configure_lock:
-            held.set()
-            release.wait(10)
+            yield
 
-    other = threading.Thread(target=configuring)
-    other.start()
-    assert held.wait(10)
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            _configure(Slow(0.0))
-            code = 0 if profkit.shutdown(5.0) else 2
-        finally:
-            os._exit(code)
-    release.set()
-    other.join()
-    assert exit_code(pid, hung="the child hung on a lock held at fork") == 0
+    def child() -> int:
+        _configure(Slow(0.0))
+        return 0 if profkit.shutdown(5.0) else 2
+
+    _configure(Slow(0.0))
+    assert _fork_holding(configuring, child) == 0
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_while_another_thread_primes_the_profiler_leaves_the_child_working() -> None:
     """Another thread is priming the profiler (the longest step of a process's first
     ``configure()``, about a second; its lock held) at fork: in the child, ``configure()``
     still samples, exports and shuts down (it waited for ever on the copied lock)."""
     from profkit._capture import window
 
+    def child() -> int:
+        sink = Slow(0.0)
+        _configure(sink)
+        work()
+        return 0 if (profkit.shutdown(5.0), sink.windows) == (True, 1) else 2
+
     _configure(Slow(0.0))
-    held, release = threading.Event(), threading.Event()
-
-    def priming() -> None:
-        with window._prime_lock:
-            held.set()
-            release.wait(10)
-
-    other = threading.Thread(target=priming)
-    other.start()
-    assert held.wait(10)
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            sink = Slow(0.0)
-            _configure(sink)
-            work()
-            code = 0 if (profkit.shutdown(5.0), sink.windows) == (True, 1) else 2
-        finally:
-            os._exit(code)
-    release.set()
-    other.join()
-    assert exit_code(pid, hung="the child hung on the priming lock held at fork") == 0
+    assert _fork_holding(lambda: window._prime_lock, child) == 0
 
 
 @pytest.mark.timeout(60)
