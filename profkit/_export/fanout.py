@@ -199,6 +199,7 @@ class Fanout:
         failure = None
         spans_ok = True
         why_not = "span_not_recording"
+        dormant = False
         if self._spans is not None:
             spans = self._spans.exporter
             assert isinstance(spans, SpanExporter)
@@ -207,7 +208,12 @@ class Fanout:
                 summary = result  # calls now carry their span's trace and span ids
                 spans_ok = all(c.span_id for c in summary.calls)
                 why_not = spans.why_not_recording
-                if not spans_ok and spans.default_provider:
+                # no provider given and none set (the first run): the span step waits for
+                # one, quietly, while another exporter delivers (Logfire's console default)
+                dormant = spans.default_provider and bool(self._runners)
+                if dormant:
+                    spans_ok = True
+                elif not spans_ok and spans.default_provider:
                     self._warn_no_provider()
             else:
                 failure = result
@@ -224,7 +230,7 @@ class Fanout:
             return (0, failure, False), summary
         if self._runners:
             missing = sum(1 for c in summary.calls if not c.span_id)
-            if self._spans is not None and missing:  # delivered, but not as spans: say why
+            if self._spans is not None and missing and not dormant:  # not as spans: say why
                 self.stats.error(why_not, None, missing)
             return (len(summary.calls), None, spans_ok), summary
         if self._spans is None:
