@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import _demo, _diff, _html, _report
 
     parser = argparse.ArgumentParser(
-        prog="python -m profkit", description="profkit's demo, report and diff tools."
+        prog="profkit", description="profkit's demo, report and diff tools."
     )
     parser.add_argument("--version", action="version", version=f"profkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
