@@ -44,6 +44,30 @@ def test_short_soak_memory_is_bounded() -> None:
     assert result["growth_after_warmup_mb"] < 30.0, result["curve"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_soak_at_every_call_makes_a_window_of_every_call() -> None:
+    """``bench/soak.py --every 1``: every call is a window (the loop waits for the worker)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "soak.py"),
+            "--calls",
+            "600",
+            "--every",
+            "1",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (600, 600, 0) == (result["windows"], result["exported"], result["skipped_backlog"])
+
+
 @pytest.fixture
 def automatic_gc_off() -> Iterator[None]:
     """Only explicit collections run, so what profkit itself frees is what gets freed."""
