@@ -1,9 +1,13 @@
 """One replica of a model server with several workers, each a Prometheus scrape target.
 
-Run it (from the repository root)::
+Run it (from the repository root, in the environment ./scripts/test set up), and load it::
 
+    mkdir -p /tmp/fleet-targets
     PROFKIT_SAMPLE_EVERY=10 FLEET_TARGETS_DIR=/tmp/fleet-targets \\
         python -m uvicorn examples.fleet.app:app --workers 2 --port 8000
+    python -m examples.fleet.load --url http://127.0.0.1:8000 --requests 600
+
+Each worker removes its target file when it stops.
 
 Each worker process (uvicorn starts them apart, so each configures profkit itself):
 
@@ -63,8 +67,9 @@ def meter_provider() -> MeterProvider:
     return MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()])
 
 
-def serve_metrics() -> int:
-    """Serve this worker's metrics; announce the port to Prometheus's file discovery.
+def serve_metrics() -> tuple[int, Path | None]:
+    """Serve this worker's metrics; announce the port to Prometheus's file discovery (the
+    port, and the target file written, if any: the worker removes it when it stops).
 
     ``FLEET_METRICS_PORT`` is where the first worker listens; a worker that finds it taken
     (another worker's, or anyone's) takes any free port instead and says so: the port is
@@ -77,13 +82,14 @@ def serve_metrics() -> int:
         print(f"fleet: metrics port {wanted} unavailable ({exc}); serving on {server.server_port}")
     port = int(server.server_port)
     targets = os.environ.get("FLEET_TARGETS_DIR")
-    if targets:
-        entry = [{"targets": [f"127.0.0.1:{port}"], "labels": {"worker_pid": str(os.getpid())}}]
-        path = Path(targets) / f"{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        tmp.replace(path)  # Prometheus never reads half a file
-    return port
+    if not targets:
+        return port, None
+    entry = [{"targets": [f"127.0.0.1:{port}"], "labels": {"worker_pid": str(os.getpid())}}]
+    path = Path(targets) / f"{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(path)  # Prometheus never reads half a file
+    return port, path
 
 
 @contextlib.asynccontextmanager
@@ -101,8 +107,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         profkit.configure(
             metrics=True, meter_provider=provider, exporters=exporters, extra_exporters=extra
         )
-        serve_metrics()
-        yield
+        _, target = serve_metrics()
+        try:
+            yield
+        finally:  # a stopped worker is no target: Prometheus would scrape a dead port
+            if target is not None:
+                target.unlink(missing_ok=True)
     finally:
         profkit.shutdown(timeout=5.0)
 

@@ -19,13 +19,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from examples.fleet import load
 from profkit import _jsonlines
 
 pytestmark = pytest.mark.slow
@@ -144,9 +144,9 @@ def test_prometheus_sums_the_workers_op_self_time(tmp_path: Path) -> None:
         _wait("both workers' targets", lambda: len(list(targets.glob("*.json"))) == 2, 120.0)
         url = f"http://127.0.0.1:{app_port}/predict"
         _wait("the server", lambda: httpx.post(url, timeout=5.0).status_code == 200)
-        with httpx.Client(timeout=30.0) as client, ThreadPoolExecutor(8) as pool:
-            pids = set(pool.map(lambda _: client.post(url).json()["pid"], range(REQUESTS)))
-        assert 2 == len(pids), "both workers served requests"
+        served = load.run(f"http://127.0.0.1:{app_port}", REQUESTS, 8)  # the page's load
+        pids = set(served)
+        assert (2, REQUESTS) == (len(pids), sum(served.values())), "both workers served"
 
         files = _stable_files(jsonl)
         samples = [s for p in files for s in _jsonlines.read(p.read_text().splitlines())[0]]
@@ -171,6 +171,7 @@ def test_prometheus_sums_the_workers_op_self_time(tmp_path: Path) -> None:
         outcome = 'sum(profkit_calls_total{profkit_outcome="exported"})'
         assert len(samples) == _query(prom, outcome)
         assert _query(prom, "sum(profkit_errors_total)") in (None, 0.0)  # the example, as is
+    assert [] == sorted(targets.glob("*.json")), "a stopped worker removes its target file"
     print(json.dumps({"exported": len(exported), "workers": sorted(pids)}))
 
 
@@ -186,8 +187,9 @@ def test_a_taken_metrics_port_does_not_stop_a_worker(
         taken.listen()
         monkeypatch.setenv("FLEET_METRICS_PORT", str(taken.getsockname()[1]))
         monkeypatch.setenv("FLEET_TARGETS_DIR", str(tmp_path))
-        port = app.serve_metrics()
+        port, written = app.serve_metrics()
         assert port != taken.getsockname()[1]
+    assert tmp_path / f"{os.getpid()}.json" == written
     (target,) = json.loads((tmp_path / f"{os.getpid()}.json").read_text())
     assert [f"127.0.0.1:{port}"] == target["targets"]
     assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).status_code == 200
