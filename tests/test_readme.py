@@ -91,3 +91,28 @@ def test_a_tracer_provider_set_after_configure_gets_the_spans(tmp_path: Path) ->
     assert "SPANS ['predict']" in done.stdout, done.stdout
     assert "SHUTDOWN True" in done.stdout, done.stdout
     assert "Warning" not in done.stderr, done.stderr
+
+
+CLAIM = re.compile(
+    r"Off-sample, a decorated call adds \*\*(?P<us>[\d.]+) µs\*\*.*?target, (?P<limit>[\d.]+) µs,"
+    r" is \*\*(?P<met>met|not met)\*\*",
+    re.S,
+)
+ROW = re.compile(
+    r"^\| Off-sample `@profiled` root call, added to the bare call \| <= (?P<limit>[\d.]+) µs"
+    r" \| (?P<us>[\d.]+) µs \| (?P<met>yes|\*\*no\*\*) \|$",
+    re.M,
+)
+
+
+def test_the_readmes_off_sample_cost_is_the_results_blocks() -> None:
+    """The README quotes docs/performance.md's measured off-sample cost, limit and verdict."""
+    claim = CLAIM.search(README.read_text(encoding="utf-8"))
+    assert claim is not None, "README states the off-sample cost"
+    results = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    results = results.split("<!-- bench:start -->", 1)[1]
+    row = ROW.search(results)
+    assert row is not None, "the results block has the off-sample row"
+    assert f"{float(row['us']):.1f}" == claim["us"]
+    assert float(row["limit"]) == float(claim["limit"])
+    assert ("met" if row["met"] == "yes" else "not met") == claim["met"]
