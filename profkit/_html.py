@@ -2,12 +2,16 @@
 
 Inline CSS and SVG only: no script, no font, no image, no link off the page, so it opens
 from disk and can be mailed or attached to a ticket. Per label: a histogram of the sampled
-calls' durations, the verdict counts, and the op table over the samples (median self CPU
-time, p25-p75 spread, in how many samples each op appears). Per sample (the latest
+calls' durations (counts on a y axis, round ms ticks; the axis ends at the p99 or Tukey's far
+fence p75 + 3 IQR, whichever is shorter, and the calls past it make one more bar, "> x ms"),
+the verdict counts, and the op table over the samples (median self CPU time, p25-p75
+spread, in how many samples each op appears; numbers never wrap, a long op name is cut
+with an ellipsis and shown whole on hover). Per sample (the latest
 :data:`SAMPLES_PER_LABEL` of each label): a waterfall of its regions on the profiler's own
 timestamps (``start_us`` of each region, in µs after the call began) and its op table.
 ``--baseline OTHER`` (once per file or quoted glob) puts another set of samples beside them
-("before" / "after").
+("before" / "after"), side by side where the window is wide enough (a laptop's 1280 px).
+The page fills the window up to 1600 px; its charts are as wide as the column.
 
 The page is the text report's rollup: cold samples are left out of all of it (header,
 tables, histograms, waterfalls) unless ``--include-cold``; ``--top N`` sets the op rows of
@@ -233,10 +237,10 @@ def _summary(r: LabelRollup | None) -> str:
 
 def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
     """Counts of samples per duration bin (ms), with a y axis of counts and round ticks along
-    x; the baseline's bars beside, in another colour. The x axis runs from the shortest call
-    to Tukey's fence (p75 + 1.5 x IQR) when the longest call is beyond it: the calls past it are
-    counted in one more bar, labelled "> x ms", so one outlier cannot squeeze every other
-    call into a corner."""
+    x; the baseline's bars beside, in another colour. The x axis ends at the p99 or at
+    Tukey's far fence (p75 + 3 IQR), whichever is shorter (rounded up to a tick): the calls past
+    it are counted in one more bar, labelled "> x ms", so one outlier cannot squeeze every
+    other call into a corner."""
     every = [s.duration_us / 1e3 for s in (*mine, *theirs)]
     if not every:
         return ""
@@ -303,7 +307,9 @@ def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
     )
     legend = " (blue: after, yellow: before)" if theirs else ""
     fence = (
-        f"; calls over {high:.{digits}f} ms (past p75 + 1.5 IQR) in the last bar" if beyond else ""
+        f"; calls over {high:.{digits}f} ms (past the p99 or p75 + 3 IQR) in the last bar"
+        if beyond
+        else ""
     )
     return (
         f"<p class=meta>call duration: samples per bin{legend}{fence}</p>"
@@ -320,16 +326,17 @@ def _round_step(value: float) -> float:
 
 def _axis(values: list[float]) -> tuple[float, float, float]:
     """(low, high, tick step) in ms of the histogram's x axis: round ticks from the shortest
-    value (from 0 when that is near it) to Tukey's fence p75 + 1.5 x IQR, or to the longest
-    value where that comes first."""
+    value (from 0 when that is near it) to the p99 or Tukey's far fence p75 + 3 IQR, whichever
+    is shorter."""
     q1, q3 = percentile(values, 25), percentile(values, 75)
-    fence = q3 + 1.5 * max(q3 - q1, 0.05 * q3)
-    first, last = min(values), min(max(values), fence)
-    if first < (last - first) / 2:
+    fence = q3 + 3 * max(q3 - q1, 0.05 * q3)
+    first, last = min(values), min(percentile(values, 99), fence)
+    if first < (last - first) / 3:
         first = 0.0
-    step = _round_step(max(last - first, 1e-6) / 8)
+    # a single value, or all alike: an axis a tenth of it wide (1 µs at the least)
+    step = _round_step(max(last - first, 0.1 * last, 1e-3) / 8)
     low = step * math.floor(first / step + 1e-9)
-    high = max(step * math.ceil(last / step - 1e-9), low + step)
+    high = max(step * math.ceil(last / step - 1e-9), low + 4 * step)
     return low, high, step
 
 
