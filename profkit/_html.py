@@ -254,7 +254,7 @@ def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
             value = s.duration_us / 1e3
             index = bins if value > high else min(bins - 1, max(0, int((value - low) / width)))
             counts[name][index] += 1
-    beyond = any(c[bins] for c in counts.values())
+    beyond = int(any(c[bins] for c in counts.values()))  # 1: the overflow bar is drawn
     tallest = max(max(c) for c in counts.values()) or 1
     y_step = max(1, math.ceil(_round_step(tallest / 4)))
     y_top = y_step * math.ceil(tallest / y_step)
@@ -277,40 +277,27 @@ def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
             f"<text class=xtick x={x:.1f} y={base + 16} text-anchor=middle>"
             f"{low + k * step:.{digits}f}</text>"
         )
-    share = 2 if theirs else 1
+    over, share = f"&gt; {high:.{digits}f} ms", 2 if theirs else 1
     for k, (name, _) in enumerate(series):
-        for i, n in enumerate(counts[name]):
-            h = (base - top) * n / y_top
-            at = left + i * pitch if i < bins else right + 24
-            w = (pitch if i < bins else 48) / share
-            span = (
-                f"{low + i * width:.{digits + 2}f}-{low + (i + 1) * width:.{digits + 2}f} ms"
-                if i < bins
-                else f"&gt; {high:.{digits}f} ms"
-            )
-            if i == bins and not beyond:
-                continue
+        for i, n in enumerate(counts[name][: bins + beyond]):
+            h, w = (base - top) * n / y_top, (pitch if i < bins else 48) / share
+            first, last = low + i * width, low + (i + 1) * width
+            span = f"{first:.{digits + 2}f}-{last:.{digits + 2}f} ms" if i < bins else over
+            x = (left + i * pitch if i < bins else right + 24) + k * w
             out.append(
-                f"<rect class={name} x={at + k * w + 0.5:.1f} y={base - h:.1f} "
-                f"width={max(w - 1, 0.5):.1f} height={h:.1f}>"
-                f"<title>{name}: {n} samples, {span}</title></rect>"
+                f"<rect class={name} x={x + 0.5:.1f} y={base - h:.1f} width={max(w - 1, 0.5):.1f}"
+                f" height={h:.1f}><title>{name}: {n} samples, {span}</title></rect>"
             )
     if beyond:
         out.append(
-            f"<text class=xtick x={right + 48} y={base + 16} text-anchor=middle>"
-            f"&gt; {high:.{digits}f} ms</text>"
+            f"<text class=xtick x={right + 48} y={base + 16} text-anchor=middle>{over}</text>"
         )
     out.append(
-        f"<line class=axis x1={left} x2={right} y1={base} y2={base} />"
-        f"<text x={(left + right) / 2:.0f} y={height - 4} text-anchor=middle>"
-        "call duration (ms)</text>"
+        f"<line class=axis x1={left} x2={right} y1={base} y2={base} /><text x={(left + right) // 2}"
+        f" y={height - 4} text-anchor=middle>call duration (ms)</text>"
     )
     legend = " (blue: after, yellow: before)" if theirs else ""
-    fence = (
-        f"; calls over {high:.{digits}f} ms (past the p99 or p75 + 3 IQR) in the last bar"
-        if beyond
-        else ""
-    )
+    fence = f"; the last bar: calls {over} (past the p99 or p75 + 3 IQR)" if beyond else ""
     return (
         f"<p class=meta>call duration: samples per bin{legend}{fence}</p>"
         f"<svg width={_W} height={height} viewBox='0 0 {_W} {height}' role=img>"
@@ -327,13 +314,12 @@ def _round_step(value: float) -> float:
 def _axis(values: list[float]) -> tuple[float, float, float]:
     """(low, high, tick step) in ms of the histogram's x axis: round ticks from the shortest
     value (from 0 when that is near it) to the p99 or Tukey's far fence p75 + 3 IQR, whichever
-    is shorter."""
+    is shorter; a tenth of the value wide (1 µs at the least) when all values are alike."""
     q1, q3 = percentile(values, 25), percentile(values, 75)
     fence = q3 + 3 * max(q3 - q1, 0.05 * q3)
     first, last = min(values), min(percentile(values, 99), fence)
     if first < (last - first) / 3:
         first = 0.0
-    # a single value, or all alike: an axis a tenth of it wide (1 µs at the least)
     step = _round_step(max(last - first, 0.1 * last, 1e-3) / 8)
     low = step * math.floor(first / step + 1e-9)
     high = max(step * math.ceil(last / step - 1e-9), low + 4 * step)
