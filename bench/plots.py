@@ -14,6 +14,11 @@ updates docs/performance.md, into ``docs/images/bench/``, which that page shows:
   worker, exporter threads);
 * ``throughput.svg``: end-to-end requests per second by sampling rate, against the same
   service without profkit.
+
+No text leaves a plot: widths are bounded from above (:func:`text_width`), titles and notes
+wrap, the name and value columns are as wide as their longest text, and a plot is made
+wider than :data:`WIDTH` where its names need it (tests/test_site.py renders them in
+Chromium).
 """
 
 from __future__ import annotations
