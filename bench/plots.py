@@ -14,6 +14,11 @@ updates docs/performance.md, into ``docs/images/bench/``, which that page shows:
   worker, exporter threads);
 * ``throughput.svg``: end-to-end requests per second by sampling rate, against the same
   service without profkit.
+
+No text leaves a plot: widths are bounded from above (:func:`text_width`), titles and notes
+wrap, the name and value columns are as wide as their longest text, and a plot is made
+wider than :data:`WIDTH` where its names need it (tests/test_site.py renders them in
+Chromium).
 """
 
 from __future__ import annotations
@@ -25,20 +30,78 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-WIDTH = 800
+WIDTH = 800  # at least; a plot whose labels need more is wider (its viewBox with it)
 _ROW = 26
-_LEFT = 340
 _COLOURS = ("#0969da", "#bf8700", "#1a7f37", "#cf222e", "#8250df")
+_SIZE, _TITLE_SIZE = 12, 14
+_MIN_BARS = 260  # px the bars get at the least
+#: characters narrower or wider than most, for :func:`text_width`
+_NARROW, _WIDE = set("fijlrtI.,:;'|!()[]{} "), set("mwMW@%")
 
 
-def _svg(title: str, height: int, body: list[str]) -> str:
+def text_width(text: str, size: float, bold: bool = False) -> float:
+    """An upper bound of ``text``'s width in px at ``size``: per character, a width at least
+    that of DejaVu Sans (what "system-ui, sans-serif" is on Debian, and among the widest
+    sans-serif fonts), 12% more in bold. Layout uses it so no text can leave the viewBox."""
+    em = 0.0
+    for c in text:
+        if c in _NARROW:
+            em += 0.42
+        elif c in _WIDE:
+            em += 1.0
+        elif c.isupper():
+            em += 0.8
+        else:
+            em += 0.66
+    return em * size * (1.12 if bold else 1.0)
+
+
+def wrap(text: str, size: float, room: float, bold: bool = False) -> list[str]:
+    """``text`` in lines no wider than ``room`` px (by :func:`text_width`), broken at
+    spaces (a word longer than the room gets a line of its own)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(f"{lines[-1]} {word}", size, bold) <= room:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def _title(title: str, width: float) -> tuple[list[str], int]:
+    """The title's lines, and the y the plot's first row starts at below them."""
+    lines = wrap(title, _TITLE_SIZE, width - 16, bold=True)
+    return [
+        f'<text x="8" y="{18 + 18 * i}" font-size="{_TITLE_SIZE}" font-weight="bold">'
+        f"{html.escape(line)}</text>"
+        for i, line in enumerate(lines)
+    ], 14 + 18 * len(lines)
+
+
+def _note(note: str, width: float, y: float) -> tuple[list[str], float]:
+    """The note's lines (grey) from ``y`` down, and the y below them."""
+    lines = wrap(note, _SIZE, width - 16) if note else []
+    body = [
+        f'<text x="8" y="{y + 12 + 16 * i:.0f}" fill="#57606a">{html.escape(line)}</text>'
+        for i, line in enumerate(lines)
+    ]
+    return body, y + 16 * len(lines) + (6 if lines else 0)
+
+
+def _columns(names: Sequence[str], values: Sequence[str]) -> tuple[float, float]:
+    """(x where the bars start, the plot's width): room for the longest name on the left and
+    the longest value label on the right, and at least :data:`_MIN_BARS` px of bars."""
+    left = max([text_width(n, _SIZE) for n in names] + [100.0]) + 16
+    right = max([text_width(v, _SIZE) for v in values] + [0.0]) + 6 + 10
+    return left, max(float(WIDTH), left + _MIN_BARS + right)
+
+
+def _svg(width: float, height: float, body: list[str]) -> str:
+    w, h = f"{width:.0f}", f"{height:.0f}"
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" font-family="system-ui, sans-serif" font-size="12">'
-        f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>'
-        f'<text x="8" y="18" font-size="14" font-weight="bold">{html.escape(title)}</text>'
-        + "".join(body)
-        + "</svg>\n"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" font-family="system-ui, sans-serif" font-size="{_SIZE}">'
+        f'<rect width="{w}" height="{h}" fill="#ffffff"/>' + "".join(body) + "</svg>\n"
     )
 
 
@@ -49,24 +112,26 @@ def bars(
     note: str = "",
 ) -> str:
     """Horizontal bars: (name, median, q1, q3) per row, the IQR as a whisker."""
+    labels = [f"{_fmt(r[1])} {unit}" for r in rows]
+    left, width = _columns([r[0] for r in rows], labels)
+    room = width - left - (max([text_width(v, _SIZE) for v in labels] + [0.0]) + 16)
     top = max([r[3] for r in rows] + [r[1] for r in rows] + [1e-9])
-    scale = (WIDTH - _LEFT - 70) / top
-    body = []
-    for i, (name, median, q1, q3) in enumerate(rows):
-        y = 32 + i * _ROW
+    scale = room / top
+    body, start = _title(title, width)
+    for i, ((name, median, q1, q3), label) in enumerate(zip(rows, labels, strict=True)):
+        y = start + i * _ROW
         body.append(
-            f'<text x="{_LEFT - 8}" y="{y + 15}" text-anchor="end">{html.escape(name)}</text>'
-            f'<rect x="{_LEFT}" y="{y + 4}" width="{max(median * scale, 1):.1f}" height="16" '
+            f'<text x="{left - 8:.0f}" y="{y + 15}" text-anchor="end">{html.escape(name)}</text>'
+            f'<rect x="{left:.0f}" y="{y + 4}" width="{max(median * scale, 1):.1f}" height="16" '
             f'fill="{_COLOURS[0]}"/>'
-            f'<line x1="{_LEFT + q1 * scale:.1f}" x2="{_LEFT + q3 * scale:.1f}" y1="{y + 12}" '
+            f'<line x1="{left + q1 * scale:.1f}" x2="{left + q3 * scale:.1f}" y1="{y + 12}" '
             f'y2="{y + 12}" stroke="#1b1f24" stroke-width="1.5"/>'
-            f'<text x="{_LEFT + max(median, q3) * scale + 6:.1f}" y="{y + 16}">'
-            f"{_fmt(median)} {html.escape(unit)}</text>"
+            f'<text x="{left + max(median, q3, 0.0) * scale + 6:.1f}" y="{y + 16}">'
+            f"{html.escape(label)}</text>"
         )
-    height = 40 + len(rows) * _ROW + (18 if note else 0)
-    if note:
-        body.append(f'<text x="8" y="{height - 8}" fill="#57606a">{html.escape(note)}</text>')
-    return _svg(title, height, body)
+    lines, height = _note(note, width, start + len(rows) * _ROW + 4)
+    body.extend(lines)
+    return _svg(width, height + 4, body)
 
 
 def stacked(
@@ -76,13 +141,16 @@ def stacked(
     unit: str,
 ) -> str:
     """Horizontal stacked bars: per row, one segment per part (medians), with a legend."""
+    labels = [f"{_fmt(sum(values))} {unit}" for _, values in rows]
+    left, width = _columns([name for name, _ in rows], labels)
+    room = width - left - (max([text_width(v, _SIZE) for v in labels] + [0.0]) + 16)
     top = max([sum(max(v, 0.0) for v in values) for _, values in rows] + [1e-9])
-    scale = (WIDTH - _LEFT - 70) / top
-    body = []
-    for i, (name, values) in enumerate(rows):
-        y, x = 32 + i * _ROW, float(_LEFT)
+    scale = room / top
+    body, start = _title(title, width)
+    for i, ((name, values), label) in enumerate(zip(rows, labels, strict=True)):
+        y, x = start + i * _ROW, left
         body.append(
-            f'<text x="{_LEFT - 8}" y="{y + 15}" text-anchor="end">{html.escape(name)}</text>'
+            f'<text x="{left - 8:.0f}" y="{y + 15}" text-anchor="end">{html.escape(name)}</text>'
         )
         for k, value in enumerate(values):
             w = max(value, 0.0) * scale
@@ -92,17 +160,19 @@ def stacked(
                 f"{value:.3f} {html.escape(unit)}</title></rect>"
             )
             x += w
-        body.append(
-            f'<text x="{x + 6:.1f}" y="{y + 16}">{_fmt(sum(values))} {html.escape(unit)}</text>'
-        )
-    y = 40 + len(rows) * _ROW
+        body.append(f'<text x="{x + 6:.1f}" y="{y + 16}">{html.escape(label)}</text>')
+    y, x = start + len(rows) * _ROW + 8, 8.0
     for k, part in enumerate(parts):
-        x, colour = 8 + k * (WIDTH - 16) / len(parts), _COLOURS[k % len(_COLOURS)]
+        item = 16 + text_width(part, _SIZE) + 24
+        if x > 8 and x + item > width - 8:  # the legend goes on on a new line
+            y, x = y + 20, 8.0
         body.append(
-            f'<rect x="{x:.1f}" y="{y}" width="12" height="12" fill="{colour}"/>'
+            f'<rect x="{x:.1f}" y="{y}" width="12" height="12" '
+            f'fill="{_COLOURS[k % len(_COLOURS)]}"/>'
             f'<text x="{x + 16:.1f}" y="{y + 10}">{html.escape(part)}</text>'
         )
-    return _svg(title, y + 24, body)
+        x += item
+    return _svg(width, y + 22, body)
 
 
 def _fmt(value: float) -> str:

@@ -2,12 +2,16 @@
 
 Inline CSS and SVG only: no script, no font, no image, no link off the page, so it opens
 from disk and can be mailed or attached to a ticket. Per label: a histogram of the sampled
-calls' durations, the verdict counts, and the op table over the samples (median self CPU
-time, p25-p75 spread, in how many samples each op appears). Per sample (the latest
+calls' durations (counts on a y axis, round ms ticks; the axis ends at the p99 or Tukey's far
+fence p75 + 3 IQR, whichever is shorter, and the calls past it make one more bar, "> x ms"),
+the verdict counts, and the op table over the samples (median self CPU time, p25-p75
+spread, in how many samples each op appears; numbers never wrap, a long op name is cut
+with an ellipsis and shown whole on hover). Per sample (the latest
 :data:`SAMPLES_PER_LABEL` of each label): a waterfall of its regions on the profiler's own
 timestamps (``start_us`` of each region, in µs after the call began) and its op table.
 ``--baseline OTHER`` (once per file or quoted glob) puts another set of samples beside them
-("before" / "after").
+("before" / "after"), side by side where the window is wide enough (a laptop's 1280 px).
+The page fills the window up to 1600 px; its charts are as wide as the column.
 
 The page is the text report's rollup: cold samples are left out of all of it (header,
 tables, histograms, waterfalls) unless ``--include-cold``; ``--top N`` sets the op rows of
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,22 +49,31 @@ OPEN = 2
 MAX_LABELS = 100
 #: op rows per label table and per sample (``--top`` changes it)
 TOP = 10
-_BINS = 24
-_W = 760  # the SVGs' width in px (the content column)
+#: bins of the histogram's axis, about (the axis ends on a round number of ms)
+_BINS = 40
+#: the SVGs' width in their own units: they are drawn at the content column's width, text
+#: at 11 px on a laptop's 1280 px window
+_W = 1200
 #: a waterfall's shortest time axis, in µs (a ns: profkit's timestamps' resolution); below
 #: it (a file's 0 or subnormal times) the axis is 1 µs long
 _MIN_TOTAL_US = 1e-3
 
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:820px;color:#1b1f24}
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1600px;padding:0 24px;
+color:#1b1f24}
 h1{font-size:22px}h2{font-size:18px;border-top:1px solid #d0d7de;padding-top:16px}
 table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
-td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #eaeef2}
+td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #eaeef2;white-space:nowrap}
+th{vertical-align:bottom}
 td:first-child,th:first-child{text-align:left;font-family:ui-monospace,monospace}
-.meta{color:#57606a}.cols{display:flex;gap:16px}.cols>div{flex:1;min-width:0}
+table.ops{width:100%;max-width:900px}
+.ops td:first-child{max-width:0;width:100%;overflow:hidden;text-overflow:ellipsis}
+.meta{color:#57606a}.cols{display:flex;flex-wrap:wrap;gap:0 32px}
+.cols>div{flex:1 1 480px;min-width:0}
 details{margin:6px 0}summary{cursor:pointer;font-family:ui-monospace,monospace}
-svg{display:block;max-width:100%}svg text{font:11px system-ui,sans-serif;fill:#1b1f24}
+svg{display:block;width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#1b1f24}
 .after{fill:#0969da}.before{fill:#bf8700}.region{fill:#54aeff}.root{fill:#d0d7de}
+.grid{stroke:#eaeef2}.axis{stroke:#8c959f}
 """
 
 
@@ -210,61 +224,106 @@ def _summary(r: LabelRollup | None) -> str:
         for v, n in r.verdicts.items()
     )
     rows = "".join(
-        f"<tr><td>{_e(o.name, 60)}</td><td>{o.samples}/{r.samples}</td>"
+        f"<tr><td title='{_e(o.name)}'>{_e(o.name, 60)}</td><td>{o.samples}/{r.samples}</td>"
         f"<td>{o.median_us:.1f}</td><td>{o.p25_us:.1f}-{o.p75_us:.1f}</td></tr>"
         for o in r.ops
     )
     return (
         f"<p>{r.samples} samples, duration p50 {r.p50_ms:.3f} ms, p95 {r.p95_ms:.3f} ms<br>"
-        f"verdicts: {verdicts}</p><table><tr><th>op</th><th>in samples</th>"
+        f"verdicts: {verdicts}</p><table class=ops><tr><th>op</th><th>in samples</th>"
         f"<th>median self CPU µs</th><th>p25-p75</th></tr>{rows}</table>"
     )
 
 
 def _histogram(mine: list[Sample], theirs: list[Sample]) -> str:
-    """Counts of samples per duration bin (ms); the baseline's bars behind, in another colour."""
+    """Counts of samples per duration bin (ms), with a y axis of counts and round ticks along
+    x; the baseline's bars beside, in another colour. The x axis ends at the p99 or at
+    Tukey's far fence (p75 + 3 IQR), whichever is shorter (rounded up to a tick): the calls past
+    it are counted in one more bar, labelled "> x ms", so one outlier cannot squeeze every
+    other call into a corner."""
     every = [s.duration_us / 1e3 for s in (*mine, *theirs)]
     if not every:
         return ""
-    # the axis ends at 3x the p95 (the last bin holds the samples beyond): one outlier must
-    # not squeeze every other sample into the first bin
-    low, high = 0.0, max(min(percentile(every, 100), 3 * percentile(every, 95)), 1e-3)
-    width = high / _BINS
-    beyond = sum(1 for d in every if d > high)
+    low, high, step = _axis(every)
+    bins = max(1, round((high - low) / step)) * max(1, round(_BINS * step / (high - low)))
+    width = (high - low) / bins
     series = [("after", mine), ("before", theirs)] if theirs else [("after", mine)]
-    counts = {
-        name: [sum(1 for s in group if _bin(s.duration_us / 1e3, width) == i) for i in range(_BINS)]
-        for name, group in series
-    }
-    top = max(max(c) for c in counts.values()) or 1
-    height, base, step = 120, 100, (_W - 40) / _BINS
-    bars = []
+    counts = {name: [0] * (bins + 1) for name, _ in series}  # the last one: beyond the axis
+    for name, group in series:
+        for s in group:
+            value = s.duration_us / 1e3
+            index = bins if value > high else min(bins - 1, max(0, int((value - low) / width)))
+            counts[name][index] += 1
+    beyond = int(any(c[bins] for c in counts.values()))  # 1: the overflow bar is drawn
+    tallest = max(max(c) for c in counts.values()) or 1
+    y_step = max(1, math.ceil(_round_step(tallest / 4)))
+    y_top = y_step * math.ceil(tallest / y_step)
+    left, top, base, height = 48, 8, 148, 186
+    right = _W - (96 if beyond else 24)
+    pitch = (right - left) / bins
+    out = []
+    for k in range(y_top // y_step + 1):
+        y = base - (base - top) * k * y_step / y_top
+        out.append(
+            f"<line class=grid x1={left} x2={right} y1={y:.1f} y2={y:.1f} />"
+            f"<text class=ytick x={left - 6} y={y + 4:.1f} text-anchor=end>{k * y_step}</text>"
+        )
+    digits = max(0, -math.floor(math.log10(step) + 1e-9))
+    ticks = round((high - low) / step)
+    for k in range(ticks + 1):
+        x = left + (right - left) * k / ticks
+        out.append(
+            f"<line class=axis x1={x:.1f} x2={x:.1f} y1={base} y2={base + 4} />"
+            f"<text class=xtick x={x:.1f} y={base + 16} text-anchor=middle>"
+            f"{low + k * step:.{digits}f}</text>"
+        )
+    over, share = f"&gt; {high:.{digits}f} ms", 2 if theirs else 1
     for k, (name, _) in enumerate(series):
-        for i, n in enumerate(counts[name]):
-            h = base * n / top
-            x = 30 + i * step + (step / 2 if k else 0)
-            w = step / (2 if theirs else 1) - 1
-            span = f"{low + i * width:.3f}-{low + (i + 1) * width:.3f} ms"
-            bars.append(
-                f"<rect class={name} x={x:.1f} y={base - h + 4:.1f} width={w:.1f} "
-                f"height={h:.1f}><title>{name}: {n} samples, {span}</title></rect>"
+        for i, n in enumerate(counts[name][: bins + beyond]):
+            h, w = (base - top) * n / y_top, (pitch if i < bins else 48) / share
+            first, last = low + i * width, low + (i + 1) * width
+            span = f"{first:.{digits + 2}f}-{last:.{digits + 2}f} ms" if i < bins else over
+            x = (left + i * pitch if i < bins else right + 24) + k * w
+            out.append(
+                f"<rect class={name} x={x + 0.5:.1f} y={base - h:.1f} width={max(w - 1, 0.5):.1f}"
+                f" height={h:.1f}><title>{name}: {n} samples, {span}</title></rect>"
             )
-    more = f" (+{beyond} beyond, in the last bin)" if beyond else ""
-    axis = (
-        f"<text x=30 y={height - 2}>0 ms</text>"
-        f"<text x={_W - 10} y={height - 2} text-anchor=end>{high:.3f} ms{more}</text>"
-        f"<text x={_W // 2} y={height - 2} text-anchor=middle>tallest bar: {top}</text>"
+    if beyond:
+        out.append(
+            f"<text class=xtick x={right + 48} y={base + 16} text-anchor=middle>{over}</text>"
+        )
+    out.append(
+        f"<line class=axis x1={left} x2={right} y1={base} y2={base} /><text x={(left + right) // 2}"
+        f" y={height - 4} text-anchor=middle>call duration (ms)</text>"
     )
     legend = " (blue: after, yellow: before)" if theirs else ""
+    fence = f"; the last bar: calls {over} (past the p99 or p75 + 3 IQR)" if beyond else ""
     return (
-        f"<p class=meta>call duration, samples per bin{legend}</p>"
+        f"<p class=meta>call duration: samples per bin{legend}{fence}</p>"
         f"<svg width={_W} height={height} viewBox='0 0 {_W} {height}' role=img>"
-        f"{''.join(bars)}{axis}</svg>"
+        f"{''.join(out)}</svg>"
     )
 
 
-def _bin(value: float, width: float) -> int:
-    return min(_BINS - 1, int(value / width)) if width > 0 else 0
+def _round_step(value: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten that is at least ``value`` (> 0)."""
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= value * (1 - 1e-9))
+
+
+def _axis(values: list[float]) -> tuple[float, float, float]:
+    """(low, high, tick step) in ms of the histogram's x axis: round ticks from the shortest
+    value (from 0 when that is near it) to the p99 or Tukey's far fence p75 + 3 IQR, whichever
+    is shorter; a tenth of the value wide (1 µs at the least) when all values are alike."""
+    q1, q3 = percentile(values, 25), percentile(values, 75)
+    fence = q3 + 3 * max(q3 - q1, 0.05 * q3)
+    first, last = min(values), min(percentile(values, 99), fence)
+    if first < (last - first) / 3:
+        first = 0.0
+    step = _round_step(max(last - first, 0.1 * last, 1e-3) / 8)
+    low = step * math.floor(first / step + 1e-9)
+    high = max(step * math.ceil(last / step - 1e-9), low + 4 * step)
+    return low, high, step
 
 
 def _sample(s: Sample, opened: bool, top: int) -> str:
@@ -276,8 +335,10 @@ def _sample(s: Sample, opened: bool, top: int) -> str:
         f"<p class=meta>trace {_e(ids, 40)} span {_e(event.get('span_id'), 20)}</p>" if ids else ""
     )
     ops = sorted(s.ops.items(), key=lambda kv: -kv[1])[:top]
-    rows = "".join(f"<tr><td>{_e(n, 60)}</td><td>{us:.1f}</td></tr>" for n, us in ops)
-    table = f"<table><tr><th>op</th><th>self CPU µs</th></tr>{rows}</table>"
+    rows = "".join(
+        f"<tr><td title='{_e(n)}'>{_e(n, 60)}</td><td>{us:.1f}</td></tr>" for n, us in ops
+    )
+    table = f"<table class=ops><tr><th>op</th><th>self CPU µs</th></tr>{rows}</table>"
     fold = "<details open>" if opened else "<details>"
     return f"{fold}<summary>{head}</summary>{trace}{_waterfall(s, event)}{table}</details>"
 
@@ -318,10 +379,13 @@ def _waterfall(s: Sample, event: Mapping[str, Any]) -> str:
     for name, start, duration, depth in regions:
         tip = f"{name}: {duration / 1e3:.3f} ms, from {start / 1e3:.3f} ms"
         bars.append(_bar("region", 10 + start * scale, depth, duration * scale, tip, name))
-    height = rows * 22 + 16
-    axis = f"<text x=10 y={height - 2}>0</text><text x={_W - 10} y={height - 2} text-anchor=end>"
+    height = rows * 22 + 18
+    axis = f"<text x=10 y={height - 5}>0</text><text x={_W - 10} y={height - 5} text-anchor=end>"
     axis += f"{total / 1e3:.3f} ms</text>"
-    return f"<svg width={_W} height={height} role=img>{''.join(bars)}{axis}</svg>"
+    return (
+        f"<svg width={_W} height={height} viewBox='0 0 {_W} {height}' role=img>"
+        f"{''.join(bars)}{axis}</svg>"
+    )
 
 
 def _bar(kind: str, x: float, row: int, width: float, tip: str, name: str) -> str:

@@ -7,6 +7,7 @@ The Chromium test keeps its screenshot in ``build/artifacts/html-report.png`` (C
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -249,7 +250,7 @@ def test_top_sets_the_op_rows_of_the_page(tmp_path: Path) -> None:
     src.write_text("".join(_event("predict", 1000.0) for _ in range(4)), encoding="utf-8")
 
     def rows_per_table() -> list[int]:
-        tables = out.read_text(encoding="utf-8").split("<table>")[1:]
+        tables = re.split(r"<table[^>]*>", out.read_text(encoding="utf-8"))[1:]
         return [table.split("</table>")[0].count("<tr>") - 1 for table in tables]
 
     assert 0 == cli.main(["report", "--html", str(out), str(src), "--top", "3"])
@@ -304,6 +305,8 @@ def test_a_page_of_many_labels_shows_the_busiest_and_says_how_many_it_left_out(
     assert [(str(len(rare) + 3), str(len(rare) + 1))] == counts["header"]
     assert ["busy"] + [f"rare-{i:04}" for i in range(MAX_LABELS - 1)] == counts["labels"]
     assert ["41 more labels"] == re.findall(r"(\d+ more labels)", text)
+
+
 @pytest.mark.parametrize("duration_us", [1e-320, 5e-324])
 def test_a_subnormal_time_in_a_file_still_makes_a_page(duration_us: float) -> None:
     """A call or region time too small for its bar's scale (a subnormal float: the scale
@@ -314,3 +317,130 @@ def test_a_subnormal_time_in_a_file_still_makes_a_page(duration_us: float) -> No
     line = json.dumps({**event, "regions": [region]})
     text = page(read([line])[0])
     assert 1 == text.count("<rect class=region")
+
+
+def _outlier_run(run_lines: str, duration_us: float = 9400.0) -> list[str]:
+    """The real run's lines, the last one's call made ``duration_us`` long (one outlier)."""
+    lines = run_lines.splitlines()
+    last = json.loads(lines[-1])
+    lines[-1] = json.dumps({**last, "duration_us": duration_us})
+    return lines
+
+
+def _bins(text: str, series: str = "after") -> list[tuple[int, str]]:
+    """(count, span) of each histogram bar of ``series``, left to right."""
+    found = re.findall(rf"<title>{series}: (\d+) samples, ([^<]*)</title>", text)
+    return [(int(n), span) for n, span in found]
+
+
+def test_one_outlier_gets_an_overflow_bar_and_the_rest_spread_over_the_axis() -> None:
+    """One 9.4 ms call among 99 of 1.0-1.3 ms: it is counted in an overflow bar labelled
+    "> x ms", and the other calls' bars span at least half the axis (they were squeezed
+    into its left third); the axis has tick labels along x and a y axis of counts."""
+    lines = [_event("predict", 1000.0 + 3 * i) for i in range(99)] + [_event("predict", 9400.0)]
+    samples = read(lines)[0]
+    text = page(samples)
+    bins = _bins(text)
+    overflow = [(n, span) for n, span in bins if span.startswith("&gt;")]
+    assert 1 == len(overflow)
+    assert 1 == overflow[0][0]
+    assert 100 == sum(n for n, _ in bins)
+    ranged = [tuple(float(v) for v in span.split(" ")[0].split("-")) for _, span in bins[:-1]]
+    full = ranged[-1][1] - ranged[0][0]
+    used = [r for r, (n, _) in zip(ranged, bins, strict=False) if n]
+    assert (used[-1][1] - used[0][0]) / full >= 0.5
+    assert 4 <= len(re.findall(r"<text class=xtick", text))
+    assert 2 <= len(re.findall(r"<text class=ytick", text))
+    histogram = text.split("</svg>")[0]
+    assert [overflow[0][1]] == re.findall(r">(&gt; [0-9.]+ ms)</text>", histogram)
+
+
+#: run in a copy of the page (the page itself has no script): what does not fit, as JSON in
+#: the body's ``data-layout`` (``--dump-dom`` returns it)
+_LAYOUT = """<script>
+const box = (e) => e.getBoundingClientRect();
+const shown = (e) => e.getClientRects().length > 0;
+const lines = (e) => {
+  const r = document.createRange();
+  r.selectNodeContents(e);
+  const rects = [...r.getClientRects()].filter((x) => x.width > 0);
+  return new Set(rects.map((x) => Math.round(x.top))).size;
+};
+const found = {
+  overflow: Math.max(0, document.documentElement.scrollWidth - window.innerWidth),
+  wrapped: [...document.querySelectorAll("td")].filter((td) => shown(td) && lines(td) > 1)
+    .map((td) => td.textContent),
+  outside: [...document.querySelectorAll("table, svg")].filter((e) => shown(e))
+    .filter((e) => box(e).right > box(e.parentElement).right + 1
+      || box(e).left < box(e.parentElement).left - 1)
+    .map((e) => e.tagName + " in " + e.parentElement.tagName + ": " + e.textContent.slice(0, 40)),
+  clipped: [...document.querySelectorAll("svg")].filter((s) => shown(s)).flatMap((s) => {
+    const v = s.viewBox.baseVal && s.viewBox.baseVal.width ? s.viewBox.baseVal
+      : {x: 0, y: 0, width: s.width.baseVal.value, height: s.height.baseVal.value};
+    return [...s.querySelectorAll("text")].map((t) => [t, t.getBBox()])
+      .filter(([t, b]) => b.width > 0 && (b.x < v.x - 0.5 || b.y < v.y - 0.5
+        || b.x + b.width > v.x + v.width + 0.5 || b.y + b.height > v.y + v.height + 0.5))
+      .map(([t, b]) => t.textContent);
+  }),
+  chart: Math.round(box(document.querySelector("svg")).width),
+};
+document.body.setAttribute("data-layout", JSON.stringify(found));
+</script></body>"""
+
+
+def _layout(browser: str, page_path: Path, width: int, *shot: str) -> dict[str, Any]:
+    """What does not fit in ``page_path`` at a ``width`` px window, measured by Chromium
+    (``shot``: ``--screenshot=PATH`` too, in the same run)."""
+    measured = page_path.with_name(f"measured-{width}-{page_path.name}")
+    text = page_path.read_text(encoding="utf-8")
+    measured.write_text(text.replace("</body>", _LAYOUT, 1), encoding="utf-8")
+    dom = _headless(browser, measured.as_uri(), f"--window-size={width},1000", "--dump-dom", *shot)
+    found = re.search(r'data-layout="([^"]*)"', dom.stdout)
+    assert found is not None, dom.stderr[-2000:]
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+_FITS = {"overflow": 0, "wrapped": [], "outside": [], "clipped": []}
+
+
+@pytest.mark.timeout(300)
+def test_the_layout_check_catches_what_does_not_fit(tmp_path: Path) -> None:
+    """The check itself: a page that scrolls sideways, a numeric cell that wraps, a table
+    wider than its column and an SVG text past its viewBox are each reported."""
+    browser = _chromium()
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<html><body><div style='width:90px'><table><tr><td>12.5-13.5</td>"
+        "<td style='white-space:nowrap'>aten::a_very_long_op_name</td></tr></table></div>"
+        "<div style='width:2000px'>wide</div><svg width=100 height=20 viewBox='0 0 100 20'>"
+        "<text x=90 y=15>cut off here</text></svg></body></html>",
+        encoding="utf-8",
+    )
+    found = _layout(browser, bad, 1280)
+    assert found["overflow"] > 0
+    assert ["12.5-13.5"] == found["wrapped"]
+    assert 1 == len(found["outside"])
+    assert ["cut off here"] == found["clipped"]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("width", [1400, 1280])
+def test_baseline_page_fits_a_wide_and_a_laptop_window(
+    width: int, run_lines: str, tmp_path: Path
+) -> None:
+    """``--baseline`` with an outlier, in Chromium at 1400 px and a laptop's 1280 px: no
+    sideways scroll, no numeric cell wrapped (the p25-p75 cells of the tables side by side
+    were), no table or chart outside its column, no chart text outside its viewBox, and the
+    page uses the window (it was fixed at ~850 px); a screenshot is kept."""
+    browser = _chromium()
+    lines = _outlier_run(run_lines)
+    samples = read(lines)[0]
+    out = tmp_path / "baseline.html"
+    out.write_text(page(samples[50:], samples[:50], "after.jsonl"), encoding="utf-8")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"html-report-baseline-{width}.png"
+    shot.unlink(missing_ok=True)
+    found = _layout(browser, out, width, f"--screenshot={shot}")
+    assert _FITS == {k: found[k] for k in _FITS}
+    assert found["chart"] >= 0.85 * width  # the histogram spans the window, less margins
+    assert shot.stat().st_size > 10_000

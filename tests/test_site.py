@@ -5,7 +5,9 @@
 * no code block wider than the content column at a 1400 px wide window (measured in a real
   headless Chromium: skipped with a reason where it is missing). The page's own script is
   added to a copy of each built page: it writes the blocks that scroll into the DOM, which
-  ``--dump-dom`` returns.
+  ``--dump-dom`` returns;
+* every SVG picture a built page shows renders whole: each of its texts lies inside its
+  viewBox (Chromium's ``getBBox``; two plots were cut off at "2,256 req/" and "1-min load (").
 
 The output comments of the executed snippets are checked by ``tests/test_docs.py``.
 """
@@ -158,6 +160,115 @@ def test_no_code_block_is_wider_than_the_column(site: Path) -> None:
         if lines:
             wide[page.parent.relative_to(site).as_posix() or "/"] = lines
     assert {} == wide
+
+
+_PICTURES = """<script>
+document.body.setAttribute("data-clipped", JSON.stringify(
+  Object.fromEntries([...document.querySelectorAll("svg[data-src]")].map((s) => {
+    const v = s.viewBox.baseVal && s.viewBox.baseVal.width ? s.viewBox.baseVal
+      : {x: 0, y: 0, width: s.width.baseVal.value, height: s.height.baseVal.value};
+    const out = [...s.querySelectorAll("text")].map((t) => [t, t.getBBox()])
+      .filter(([t, b]) => b.width > 0 && (b.x < v.x - 0.5 || b.y < v.y - 0.5
+        || b.x + b.width > v.x + v.width + 0.5 || b.y + b.height > v.y + v.height + 0.5))
+      .map(([t, b]) => t.textContent);
+    return [s.dataset.src, out];
+  }).filter(([src, out]) => out.length))
+));
+</script></body>"""
+_CLIPPED = re.compile(r'data-clipped="([^"]*)"')
+_IMG_SVG = re.compile(r'<img[^>]*\bsrc="([^"]+\.svg)"')
+
+
+def clipped_svg_text(browser: str, pictures: dict[str, str], folder: Path) -> dict[str, list[str]]:
+    """Per picture (name: SVG text), the texts Chromium lays out outside its viewBox. The
+    SVGs are inlined in one page of their own (as an ``<img>`` shows them: no page CSS)."""
+    body = "".join(
+        re.sub(r"<svg\b", f'<svg data-src="{html.escape(name)}"', text, count=1)
+        for name, text in pictures.items()
+    )
+    measured = folder / "pictures.html"
+    measured.write_text(f"<!DOCTYPE html><html><body>{body}{_PICTURES}</html>", encoding="utf-8")
+    dom = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1400,1000",
+            "--dump-dom",
+            measured.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    found = _CLIPPED.search(dom.stdout)
+    assert found is not None, f"not measured\n{dom.stderr[-2000:]}"
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+@pytest.mark.timeout(120)
+def test_the_picture_check_catches_text_past_the_viewbox(tmp_path: Path) -> None:
+    """The check itself: a title longer than its SVG is reported, a short one is not."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 200 30">'
+        '<text x="8" y="18">{}</text></svg>'
+    )
+    pictures = {
+        "cut.svg": svg.format("End to end: requests per second"),
+        "ok.svg": svg.format("ok"),
+    }
+    assert {"cut.svg": ["End to end: requests per second"]} == clipped_svg_text(
+        browser, pictures, tmp_path
+    )
+
+
+@pytest.mark.timeout(120)
+def test_benchmark_plots_with_long_texts_render_whole(tmp_path: Path) -> None:
+    """bench/plots.py lays out long titles, row names, value labels, notes and legends
+    inside the viewBox (a title is wrapped, a plot with long names is made wider), as
+    Chromium renders them; the plots of the docs are checked in the built site below."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from plots import WIDTH, bars, stacked
+
+    long = (
+        "One sampled call on the request path, by part (ms, medians; 2 cores, 1-min load (0.6-0.7) "
+    )
+    names = ["W" * 40, "installed, never sampling (off-sample path only), " * 2, "1-in-1"]
+    rows = [(n, 2256.0 * (i + 1), 2000.0, 2500.0 * (i + 1)) for i, n in enumerate(names)]
+    pictures = {
+        "bars.svg": bars(long * 2, rows, "requests per second", "note " * 60),
+        "stacked.svg": stacked(
+            long, [(n, [1.5, 0.2, 9999.0]) for n in names], ["MMMM " * 20, "part", "x"], "ms"
+        ),
+        "short.svg": bars("t", [("a", 1.0, 0.5, 1.5)], "ns"),
+    }
+    assert {} == clipped_svg_text(browser, pictures, tmp_path)
+    assert f'width="{WIDTH}"' in pictures["short.svg"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_built_pages_svg_pictures_render_whole(site: Path) -> None:
+    """Every SVG picture of every built page (the benchmark plots of docs/performance.md
+    among them) has all its text inside its viewBox, as Chromium lays it out."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pictures: dict[str, str] = {}
+    for page in _pages(site):
+        for src in _IMG_SVG.findall(page.read_text(encoding="utf-8")):
+            path = (page.parent / html.unescape(src)).resolve()
+            pictures[path.relative_to(site).as_posix()] = path.read_text(encoding="utf-8")
+    assert {"images/bench/throughput.svg", "images/bench/window_cost.svg"} <= set(pictures)
+    assert {} == clipped_svg_text(browser, pictures, site)
 
 
 def test_scripts_test_builds_the_docs_without_the_banner() -> None:
