@@ -9,8 +9,11 @@ The rules, checked in order (the first that holds wins):
    activity was recorded, the device must also be idle for at least ``input_bound_share`` of
    the call, and then an input share of one half is enough (when the threshold is higher):
    the host outside ops may be waiting for a busy device, which is not input.
-2. **launch-bound**: at least ``launch_bound_min_ops`` op events and an (estimated) median op
-   self CPU time of at most ``launch_bound_op_us``.
+2. **launch-bound**: at least ``launch_bound_min_ops`` op events, an (estimated) median op
+   self CPU time of at most ``launch_bound_op_us``, and a *launch share* of at least one
+   half: tiny ops (at most ``launch_bound_op_us`` per event) and the launch glue between ops
+   take most of the time in and between ops. A call whose heavy ops carry most of that time
+   is never launch-bound, however many tiny ops run beside them.
 3. **compute-bound**: the two heaviest op rows take at least ``compute_bound_top2_share`` of
    the op time (device kernels' self time when the device recorded any, host self CPU time
    otherwise).
@@ -36,6 +39,13 @@ are part of launching it, not input. The allowance is taken scope by scope (the 
 part and each nested region's own part, child regions excluded), so a ``preprocess`` region
 with no ops keeps all of its time however many ops the model region runs.
 
+The launch share is ``(tiny + glue) / (op time + glue)``: ``tiny`` is the self CPU time of the
+op rows whose mean per event is at most ``launch_bound_op_us`` (the "other" row by its own
+mean), ``glue`` the outside time the allowance above gives to launching (what is outside ops
+and not input). On a device it is the device time of the kernel rows whose mean per event is
+at most ``launch_bound_op_us``, over the named kernel rows' device time: there the question is
+whether the device runs tiny kernels, and host glue is not device time.
+
 The median op time is an estimate: a summary holds only aggregated rows, so each row stands
 for ``count`` events of its mean duration ``self_cpu_us / count``, and the median is taken
 over those expanded events (the "other" row included, since it stands for real events;
@@ -50,7 +60,7 @@ from collections.abc import Sequence
 from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
 
 from .events import LOADER_RANGES
-from .thresholds import HALF, Figures, Thresholds, ThresholdSource, Verdict
+from .thresholds import HALF, LAUNCH_SHARE, Figures, Thresholds, ThresholdSource, Verdict
 from .thresholds import confidence as _confidence
 from .thresholds import margin as _margin
 
@@ -126,7 +136,7 @@ def _judge(call: CallSummary, figures: Figures, th: Thresholds) -> tuple[Verdict
     if _is_input_bound(figures, th):
         return "input-bound", _input_reason(call, figures, th)
     if _is_launch_bound(figures, th):
-        return "launch-bound", _launch_reason(figures)
+        return "launch-bound", _launch_reason(call, figures, th)
     if figures["top2_share"] >= th.compute_bound_top2_share:
         return "compute-bound", _compute_reason(call, figures, th)
     return "balanced", _balanced_reason(figures)
@@ -221,6 +231,36 @@ def _input_by_scope(call: CallSummary, glue_us: float) -> list[float]:
     ]
 
 
+def _tiny_us(root: ScopeSummary, op_us: float) -> float:
+    """Host self CPU time of the op rows whose mean per event is at most ``op_us``.
+
+    Kernel rows and data loaders are left out (not host op time); the "other" row is judged
+    by its mean over the host events it stands for, as in :func:`_median_op_us`.
+    """
+    named = sum(r.count for r in root.ops if not r.is_kernel and not r.is_other)
+    tiny = 0.0
+    for row in root.ops:
+        if row.is_kernel or _is_loader(row):
+            continue
+        count = min(row.count, max(0, root.op_count - named)) if row.is_other else row.count
+        if count > 0 and row.self_cpu_us <= op_us * count:
+            tiny += row.self_cpu_us
+    return tiny
+
+
+def _launch_share(call: CallSummary, op_self: float, input_us: float, op_us: float) -> float:
+    """Share of the time in and between ops taken by tiny ops and launch glue (rule 2).
+
+    On a device: the share of the named kernel rows' device time in tiny kernels.
+    """
+    if _uses_device(call):
+        kernels = [r for r in call.root.ops if r.is_kernel and not r.is_other]
+        tiny = sum(r.self_device_us for r in kernels if r.self_device_us <= op_us * r.count)
+        return _share(tiny, sum(r.self_device_us for r in kernels))
+    glue = max(0.0, call.root.duration_us - op_self - input_us)
+    return _share(_tiny_us(call.root, op_us) + glue, op_self + glue)
+
+
 def _figures(call: CallSummary, th: Thresholds) -> Figures:
     """Every figure the rules read, keyed as documented on :class:`Diagnosis`."""
     root = call.root
@@ -229,13 +269,15 @@ def _figures(call: CallSummary, th: Thresholds) -> Figures:
     op_self = _op_self_us(root)
     op_total = root.self_device_us if device else op_self
     top = [row.self_device_us if device else row.self_cpu_us for row in _top_rows(call)]
+    input_us = sum(_input_by_scope(call, th.launch_bound_op_us))
     figures: Figures = {
         "wall_us": wall,
         "op_self_us": op_self,
         "outside_ops_share": _share(max(0.0, wall - op_self), wall),
-        "input_share": _share(sum(_input_by_scope(call, th.launch_bound_op_us)), wall),
+        "input_share": _share(input_us, wall),
         "op_count": float(root.op_count),
         "median_op_us": _median_op_us(root),
+        "launch_share": _launch_share(call, op_self, input_us, th.launch_bound_op_us),
         "top1_share": _share(sum(top[:1]), op_total),
         "top2_share": _share(sum(top[:2]), op_total),
     }
@@ -262,9 +304,10 @@ def _is_input_bound(figures: Figures, th: Thresholds) -> bool:
 
 
 def _is_launch_bound(figures: Figures, th: Thresholds) -> bool:
-    """Rule 2: many ops and a small median op time."""
+    """Rule 2: many ops, a small median op time, and tiny ops (with glue) take most time."""
     many = figures["op_count"] >= th.launch_bound_min_ops
-    return many and figures["median_op_us"] <= th.launch_bound_op_us
+    tiny = figures["median_op_us"] <= th.launch_bound_op_us
+    return many and tiny and figures["launch_share"] >= LAUNCH_SHARE
 
 
 def _busiest_region(call: CallSummary, th: Thresholds) -> tuple[str, float] | None:
@@ -300,12 +343,20 @@ def _input_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
     return f"device idle for {idle:.0%} of the call, {input_share:.0%} outside torch ops{where}"
 
 
-def _launch_reason(figures: Figures) -> str:
-    """E.g. "1,234 ops with a median of 3.1 µs each: the host is busy launching tiny ops"."""
+def _launch_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
+    """E.g. "1,234 ops with a median of 3.1 µs each: tiny ops (≤ 20 µs) and the gaps between
+    them take 85% of the time in and between ops, the host is busy launching them"."""
     count = int(figures["op_count"])
     median = figures["median_op_us"]
-    tail = "the host is busy launching tiny ops"
-    return f"{count:,} ops with a median of {median:.1f} {_MU}s each: {tail}"
+    share = figures["launch_share"]
+    tiny = f"(\u2264 {th.launch_bound_op_us:g} {_MU}s)"
+    if _uses_device(call):
+        what = f"tiny kernels {tiny} take {share:.0%} of device kernel time"
+    else:
+        gaps = "and the gaps between them take"
+        what = f"tiny ops {tiny} {gaps} {share:.0%} of the time in and between ops"
+    head = f"{count:,} ops with a median of {median:.1f} {_MU}s each"
+    return f"{head}: {what}, the host is busy launching them"
 
 
 def _compute_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
@@ -327,6 +378,7 @@ def _balanced_reason(figures: Figures) -> str:
     return (
         f"no single cause: {figures['outside_ops_share']:.0%} outside torch ops, "
         f"median op {figures['median_op_us']:.1f} {_MU}s, "
+        f"tiny ops and launch gaps {figures['launch_share']:.0%} of the time in and between ops, "
         f"top two ops take {figures['top2_share']:.0%} of op time"
     )
 

@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 __all__ = [
     "HALF",
+    "LAUNCH_SHARE",
     "Confidence",
     "Figures",
     "ThresholdSource",
@@ -26,6 +27,10 @@ Figures = dict[str, float]
 
 HALF = 0.5
 """On a device, an input share of a half is enough when the device is idle long enough."""
+
+LAUNCH_SHARE = 0.5
+"""Launch share (tiny ops and the glue between ops, over the time in and between ops) at or
+above which a call with many tiny ops is launch-bound: they take most of that time."""
 
 _LOW, _MEDIUM = 0.1, 0.25
 """Margins under which a verdict's confidence is "low", then "medium"."""
@@ -101,16 +106,17 @@ def _input_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
 
 
 def _launch_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
-    """Rule 2's distance from flipping (many ops and a small median op time)."""
+    """Rule 2's distance from flipping (many ops, a small median, a launch share of most)."""
     ops, median = figures["op_count"], figures["median_op_us"]
     min_ops, op_us = float(th.launch_bound_min_ops), th.launch_bound_op_us
+    share = figures["launch_share"]
     if holds:
         more = min(1.0, (ops - min_ops) / min_ops) if min_ops > 0 else 1.0
         faster = 1.0 if op_us <= 0 else min(1.0, max(0.0, (op_us - median) / op_us))
-        return min(more, faster)
+        return min(more, faster, _past(share, LAUNCH_SHARE))
     fewer = _short(ops, min_ops)
     slower = 1.0 if op_us <= 0 else min(1.0, max(0.0, (median - op_us) / op_us))
-    return max(fewer, slower)
+    return max(fewer, slower, _short(share, LAUNCH_SHARE))
 
 
 def margin(verdict: Verdict, figures: Figures, th: Thresholds) -> float:
