@@ -624,3 +624,31 @@ def test_property_amdahl_speedup_between_one_and_limit(f: float, s: float) -> No
     overall = amdahl_speedup(f, s)
     limit = amdahl_speedup(f, math.inf)
     assert (overall >= 1.0 - 1e-12, overall <= min(s, limit) * (1 + 1e-12)) == (True, True)
+
+
+@st.composite
+def mixed_calls(draw: st.DrawFn) -> CallSummary:
+    """Host calls mixing tiny rows (mean <= 20 µs per event) and heavy ones, with glue."""
+    tiny = [
+        op(f"t{i}", n, n * draw(st.floats(0.1, 20.0)))
+        for i, n in enumerate(draw(st.lists(st.integers(1, 3000), min_size=1, max_size=4)))
+    ]
+    heavy = [
+        op(f"h{i}", n, n * draw(st.floats(20.5, 5000.0)))
+        for i, n in enumerate(draw(st.lists(st.integers(1, 20), max_size=3)))
+    ]
+    rows = sorted([*tiny, *heavy], key=lambda r: r.self_cpu_us, reverse=True)
+    op_us = sum(r.self_cpu_us for r in rows)
+    return call(scope("f", op_us + draw(st.floats(0.0, 100_000.0)), ops=rows))
+
+
+@given(mixed_calls())
+def test_property_launch_bound_never_while_heavy_ops_take_most(c: CallSummary) -> None:
+    """A launch-bound call: the rows heavier than ``launch_bound_op_us`` per event take at most
+    half of the time in and between ops (op time plus the glue that is not input)."""
+    d = diagnose(c, DEFAULT)
+    f = d.figures
+    glue = f["wall_us"] * (f["outside_ops_share"] - f["input_share"])
+    heavy = sum(r.self_cpu_us for r in c.root.ops if r.self_cpu_us > 20.0 * r.count)
+    launch = d.verdict == "launch-bound"
+    assert not launch or heavy <= 0.5 * (f["op_self_us"] + glue) * (1 + 1e-9)
