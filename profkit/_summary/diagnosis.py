@@ -20,12 +20,8 @@ The rules, checked in order (the first that holds wins):
 4. **balanced**: none of the above, and also the verdict for a call with no wall time.
 5. **no-ops**: a call in which no torch op was recorded (nothing to judge), checked first.
 
-Each verdict has a **confidence**, from its *margin* (``figures["margin"]``, in [0, 1]): how
-far the figures are from the nearest threshold that would change the verdict, relative to
-that threshold's room (the deciding figure past its own threshold, and every rule checked
-before it short of holding; for balanced, every rule short of holding). A margin under 0.1 is
-"low" (a borderline call: the same code sampled again may read otherwise), under 0.25
-"medium", else "high".
+Each verdict has a **confidence** from its *margin* (``figures["margin"]``): how far the
+figures are from the nearest threshold that would change it (:mod:`.thresholds`).
 
 The self time of torch's range around a data loader's ``__next__`` (``enumerate(DataLoader)#...``:
 rows fetched in Python, or waited for from worker processes) is input time, not op time: it
@@ -40,11 +36,8 @@ part and each nested region's own part, child regions excluded), so a ``preproce
 with no ops keeps all of its time however many ops the model region runs.
 
 The launch share is ``(tiny + glue) / (op time + glue)``: ``tiny`` is the self CPU time of the
-op rows whose mean per event is at most ``launch_bound_op_us`` (the "other" row by its own
-mean), ``glue`` the outside time the allowance above gives to launching (what is outside ops
-and not input). On a device it is the device time of the kernel rows whose mean per event is
-at most ``launch_bound_op_us``, over the named kernel rows' device time: there the question is
-whether the device runs tiny kernels, and host glue is not device time.
+op rows whose mean per event is at most ``launch_bound_op_us``, ``glue`` the outside time the
+allowance gives to launching. On a device: the tiny kernel rows' share of kernel device time.
 
 The median op time is an estimate: a summary holds only aggregated rows, so each row stands
 for ``count`` events of its mean duration ``self_cpu_us / count``, and the median is taken
@@ -181,21 +174,27 @@ def _top_rows(call: CallSummary) -> list[OpRow]:
     return sorted(rows, key=lambda row: row.self_cpu_us, reverse=True)
 
 
+def _host_rows(root: ScopeSummary) -> list[tuple[OpRow, int]]:
+    """Each host row with the op events it stands for (kernel rows take no host time).
+
+    A named row stands for its count; the "other" row may hold kernels too, so it stands for
+    the host events no named row holds (``op_count`` less the named rows' counts).
+    """
+    named = sum(r.count for r in root.ops if not r.is_kernel and not r.is_other)
+    rows = []
+    for row in (r for r in root.ops if not r.is_kernel):
+        count = min(row.count, max(0, root.op_count - named)) if row.is_other else row.count
+        if count > 0:
+            rows.append((row, count))
+    return rows
+
+
 def _median_op_us(root: ScopeSummary) -> float:
     """Estimated median op self CPU time: the median of row means expanded by row count.
 
-    Kernel rows are left out (no host time). The "other" row may hold kernels too, so it
-    stands for the host events no named row holds (``op_count`` less the named rows' counts).
     Falls back to the overall mean (``self_cpu_us / op_count``) when no row has events.
     """
-    host = [r for r in root.ops if not r.is_kernel and not r.is_other]
-    named = sum(r.count for r in host)
-    rows = [(r.self_cpu_us / r.count, r.count) for r in host if r.count > 0]
-    for other in (r for r in root.ops if r.is_other):
-        count = min(other.count, max(0, root.op_count - named))
-        if count > 0:
-            rows.append((other.self_cpu_us / count, count))
-    rows.sort()
+    rows = sorted((row.self_cpu_us / count, count) for row, count in _host_rows(root))
     total = sum(count for _, count in rows)
     if total == 0:
         return root.self_cpu_us / root.op_count if root.op_count > 0 else 0.0
@@ -231,23 +230,6 @@ def _input_by_scope(call: CallSummary, glue_us: float) -> list[float]:
     ]
 
 
-def _tiny_us(root: ScopeSummary, op_us: float) -> float:
-    """Host self CPU time of the op rows whose mean per event is at most ``op_us``.
-
-    Kernel rows and data loaders are left out (not host op time); the "other" row is judged
-    by its mean over the host events it stands for, as in :func:`_median_op_us`.
-    """
-    named = sum(r.count for r in root.ops if not r.is_kernel and not r.is_other)
-    tiny = 0.0
-    for row in root.ops:
-        if row.is_kernel or _is_loader(row):
-            continue
-        count = min(row.count, max(0, root.op_count - named)) if row.is_other else row.count
-        if count > 0 and row.self_cpu_us <= op_us * count:
-            tiny += row.self_cpu_us
-    return tiny
-
-
 def _launch_share(call: CallSummary, op_self: float, input_us: float, op_us: float) -> float:
     """Share of the time in and between ops taken by tiny ops and launch glue (rule 2).
 
@@ -258,7 +240,9 @@ def _launch_share(call: CallSummary, op_self: float, input_us: float, op_us: flo
         tiny = sum(r.self_device_us for r in kernels if r.self_device_us <= op_us * r.count)
         return _share(tiny, sum(r.self_device_us for r in kernels))
     glue = max(0.0, call.root.duration_us - op_self - input_us)
-    return _share(_tiny_us(call.root, op_us) + glue, op_self + glue)
+    rows = [(r, n) for r, n in _host_rows(call.root) if not _is_loader(r)]
+    tiny = sum(row.self_cpu_us for row, count in rows if row.self_cpu_us <= op_us * count)
+    return _share(tiny + glue, op_self + glue)
 
 
 def _figures(call: CallSummary, th: Thresholds) -> Figures:

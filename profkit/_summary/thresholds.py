@@ -1,7 +1,11 @@
 """Diagnosis thresholds, and how far a call's figures are from the nearest one (confidence).
 
-Pure, like :mod:`profkit._summary.diagnosis`: no torch. A verdict near a threshold that would flip
-it reads "low" confidence; one far from every threshold reads "high".
+Pure, like :mod:`profkit._summary.diagnosis`: no torch. A verdict's *margin*, in [0, 1], is how
+far the figures are from the nearest threshold that would change it, relative to that
+threshold's room (the deciding figure past its own threshold, and every rule checked before
+it short of holding; for balanced, every rule short of holding). Under 0.1 the confidence is
+"low" (a borderline call: the same code sampled again may read otherwise), under 0.25
+"medium", else "high".
 """
 
 from __future__ import annotations
