@@ -293,6 +293,14 @@ def test_confidence_follows_the_margin(top: float, verdict: str, confidence: str
     assert (verdict, confidence) == (d.verdict, d.confidence), d.figures
 
 
+def test_launch_bound_by_a_thin_launch_share_is_low_confidence() -> None:
+    """300 tiny adds (3 ms) beside a 2.8 ms matmul: launch share 0.52, launch-bound but low."""
+    rows = [op("aten::mm", 1, 2800), op("aten::add", 300, 3000)]
+    d = diagnose(call(scope("step", 5800, ops=rows)), DEFAULT)
+    share = round(d.figures["launch_share"], 2)
+    assert ("launch-bound", "low", 0.52) == (d.verdict, d.confidence, share)
+
+
 def test_balanced_next_to_input_bound_is_low_confidence() -> None:
     """Input share 48% against a 50% threshold: a balanced verdict that could flip."""
     rows = [op(f"aten::op{i}", 1, 110) for i in range(4)]
