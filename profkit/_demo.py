@@ -112,9 +112,11 @@ def predict_texts(model: Any, texts: list[str]) -> list[dict[str, Any]]:
 
     import profkit
 
+    if not texts:
+        return []
     with profkit.region("preprocess"):
         rows = [token_ids(text) for text in texts]
-        width = max(map(len, rows), default=1)
+        width = max(map(len, rows))
         ids = torch.tensor([row + [0] * (width - len(row)) for row in rows], dtype=torch.long)
         pad = ids == 0
     with profkit.region("inference"), torch.inference_mode():

@@ -123,7 +123,7 @@ def test_token_ids_hash_words_into_the_vocabulary() -> None:
 
 def test_the_demo_model_is_a_transformer_text_classifier() -> None:
     """One profiled call of the demo's handler: its three regions, the encoder's attention
-    ops in the table, and one (label, score) per text."""
+    ops in the table, and one (label, score) per text (none for no text)."""
     old = torch.get_num_threads()
     torch.set_num_threads(_demo.THREADS)
     try:
@@ -139,5 +139,5 @@ def test_the_demo_model_is_a_transformer_text_classifier() -> None:
     ops = {row.name for row in call.root.ops}
     expected = {"aten::embedding", "aten::_native_multi_head_attention", "aten::native_layer_norm"}
     assert expected <= ops, ops
-    assert 5 == len(answers)
+    assert (5, []) == (len(answers), _demo.predict_texts(model, []))
     assert all(a["label"] in _demo.LABELS and 0.0 < a["score"] <= 1.0 for a in answers)
