@@ -179,9 +179,11 @@ class Config:
     """User attributes kept per scope."""
 
     launch_bound_op_us: float = field(default=20.0, metadata=number_in(0, 1e6))
-    """Diagnosis: median op self time (µs) at or below which many ops read as launch-bound.
+    """Diagnosis: median op self time (µs) at or below which many ops can read as launch-bound.
 
-    Also the launch-glue allowance: this much host time per op event outside the ops (Python,
+    An op row whose mean per event is at most this is *tiny*: a call is launch-bound only when
+    tiny ops and the glue between ops take most of its time in and between ops. Also the
+    launch-glue allowance: this much host time per op event outside the ops (Python,
     dispatch, profiler bookkeeping between ops) counts as launching them, not as input.
     """
 

@@ -1,34 +1,54 @@
-"""``python -m profkit demo`` (``./scripts/demo``): a small model served over HTTP, profiled.
+"""``python -m profkit demo`` (``./scripts/demo``): a small text classifier served over HTTP,
+profiled.
 
-What it does is :data:`DESCRIPTION` (also its ``--help``). The service is
-:func:`build_app`: OpenTelemetry's FastAPI instrumentation makes a SERVER span per request
-and :func:`profkit.integrations.fastapi.instrument_app` makes each request a root call.
-The request count is bounded, and the server listens on loopback only.
+What it does is :data:`DESCRIPTION` (also its ``--help``). The model is
+:func:`build_model`: a 2-layer ``torch.nn.TransformerEncoder`` topic classifier with random
+weights (nothing downloaded); its handler (:func:`predict_texts`) tokenises by hashing words
+(``preprocess``), runs the model (``inference``) and picks the labels (``postprocess``). The
+service is :func:`build_app`: OpenTelemetry's FastAPI instrumentation makes a SERVER span per
+request and :func:`profkit.integrations.fastapi.instrument_app` makes each request a root
+call. The request count is bounded, and the server listens on loopback only.
 """
 
 import argparse
+import random
+import re
 import socket
 import sys
 import threading
 import time
+import zlib
 from typing import IO, Any
 
 DESCRIPTION = """\
-Serve a small model with FastAPI under uvicorn on 127.0.0.1 (a free port), send it a bounded
-number of requests from the demo's own client, and print each sampled call on stdout as it
-is exported: the SERVER span of its request, then its readable summary (with --json, one
-JSON line instead). --no-server calls the same handler in a plain loop instead: no server,
-no HTTP, no request spans. torch runs one intra-op thread (the model is tiny, and the client
-shares the cores), so the times are the model's. Progress and counters go to stderr. No
-collector is needed: spans are made by a local OpenTelemetry SDK provider.
+Serve a small text classifier (a 2-layer transformer encoder with random weights: embedding,
+encoder, mean pooling, a linear head over 4 topics) with FastAPI under uvicorn on 127.0.0.1 (a
+free port), send it a bounded number of requests of --batch texts each from the demo's own
+client, and print each sampled call on stdout as it is exported: the SERVER span of its
+request, then its readable summary (with --json, one JSON line instead). --no-server calls
+the same handler in a plain loop instead: no server, no HTTP, no request spans. torch runs
+one intra-op thread (the model is small, and the client shares the cores), so the times are
+the model's. Progress and counters go to stderr. No collector is needed: spans are made by a
+local OpenTelemetry SDK provider.
 """
 
-FEATURES = 256
-MODEL_NAME = "mlp-256-512-10"
+MODEL_NAME = "text-transformer-2x64"
+LABELS = ("world", "sports", "business", "science")
+#: hash buckets of the tokeniser-free vocabulary (0 pads, 1 starts a text)
+VOCAB = 8192
+#: the most tokens a text keeps (the first one is the start token)
+TOKENS = 32
+D_MODEL, HEADS, LAYERS = 64, 4, 2
 #: torch's intra-op threads in the demo
 THREADS = 1
-#: the most rows per demo request (a demo of a light handler, not a memory test)
-MAX_BATCH = 4096
+#: the most texts per demo request (a demo of a light handler, not a memory test)
+MAX_BATCH = 1024
+_WORD = re.compile(r"[a-z0-9']+")
+_WORDS = (  # noqa: SIM905 - one string of words reads better than 37 quoted ones
+    "the a of in on after with markets shares bank rates profit quarter trade startup "
+    "inflation team match season coach goal striker league tournament final election "
+    "minister parliament summit talks storm telescope orbit genome vaccine probe study"
+).split()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=300, help="requests to send (default 300)")
     parser.add_argument("--every", type=int, default=50, help="profile 1 request in N (default 50)")
     parser.add_argument(
-        "--batch", type=int, default=16, help=f"rows per request (default 16, at most {MAX_BATCH})"
+        "--batch", type=int, default=16, help=f"texts per request (default 16, at most {MAX_BATCH})"
     )
     parser.add_argument("--json", action="store_true", help="JSON lines on stdout, not tables")
     parser.add_argument(
@@ -45,31 +65,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_model() -> Any:
-    """A small MLP with fixed random weights (built in code: nothing to download)."""
+    """The text classifier, with fixed random weights (built in code: nothing to download).
+
+    Token and position embeddings, a 2-layer ``TransformerEncoder`` (4 heads, feed-forward 4x
+    wide), the mean of the encoded tokens (padding left out) and a linear head over
+    :data:`LABELS`. ``forward(ids, pad)`` takes token ids and their padding mask.
+    """
     import torch
+    from torch import nn
+
+    class TextClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=0)
+            self.position = nn.Embedding(TOKENS, D_MODEL)
+            layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+            self.head = nn.Linear(D_MODEL, len(LABELS))
+
+        def forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids) + self.position.weight[: ids.shape[1]]
+            x = self.encoder(x, src_key_padding_mask=pad)
+            keep = (~pad).unsqueeze(-1).to(x.dtype)
+            out: torch.Tensor = self.head((x * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+            return out
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
-    ).eval()
+    return TextClassifier().eval()
 
 
-def predict_rows(model: Any, rows: list[list[float]]) -> list[int]:
-    """The handler's body: three labelled stages around the model."""
+def token_ids(text: str) -> list[int]:
+    """A text's token ids without a tokeniser: a start token, then each word's hash bucket."""
+    words = _WORD.findall(text.lower())[: TOKENS - 1]
+    return [1] + [2 + zlib.crc32(word.encode()) % (VOCAB - 2) for word in words]
+
+
+def sample_texts(count: int, seed: int = 1) -> list[str]:
+    """``count`` made-up headlines of 8 to 30 words (the same ones for the same seed)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(_WORDS, k=rng.randint(8, 30))) for _ in range(count)]
+
+
+def predict_texts(model: Any, texts: list[str]) -> list[dict[str, Any]]:
+    """The handler's body: three labelled stages around the model; a label and score a text."""
     import torch
 
     import profkit
 
+    if not texts:
+        return []
     with profkit.region("preprocess"):
-        batch = torch.tensor(rows, dtype=torch.float32)
+        rows = [token_ids(text) for text in texts]
+        width = max(map(len, rows))
+        ids = torch.tensor([row + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+        pad = ids == 0
     with profkit.region("inference"), torch.inference_mode():
-        logits = model(batch)
+        logits = model(ids, pad)
     with profkit.region("postprocess"):
-        return [int(i) for i in logits.argmax(dim=1)]
+        scores, best = logits.softmax(dim=-1).max(dim=-1)
+        pairs = zip(best.tolist(), scores.tolist(), strict=True)
+        return [{"label": LABELS[i], "score": round(score, 4)} for i, score in pairs]
 
 
 def _say(message: str) -> None:
@@ -82,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
     if args.calls < 1 or args.every < 1 or args.batch < 1:
         print("--calls, --every and --batch must be >= 1", file=sys.stderr)
         return 2
-    if args.batch > MAX_BATCH:  # the rows are made in memory (and sent as JSON) per request
+    if args.batch > MAX_BATCH:  # the texts are made in memory (and sent as JSON) per request
         print(f"--batch must be <= {MAX_BATCH}", file=sys.stderr)
         return 2
     import torch
 
-    # a tiny model: one intra-op thread (torch's default, one per core, competes with the
-    # server, the client and the export thread for the same cores: addmm then reads 10x)
+    # a small model: one intra-op thread (torch's default, one per core, competes with the
+    # server, the client and the export thread for the same cores: a matmul then reads 10x)
     torch.set_num_threads(THREADS)
     return _loop(args) if args.no_server else _serve(args)
 
@@ -169,7 +224,6 @@ def _finish(done: str, failed: int) -> int:
 
 
 def _loop(args: argparse.Namespace) -> int:
-    import torch
     from opentelemetry.sdk.trace import TracerProvider
 
     import profkit
@@ -177,18 +231,18 @@ def _loop(args: argparse.Namespace) -> int:
     model = build_model()
 
     @profkit.profiled("predict", attributes={"model": MODEL_NAME})
-    def predict(rows: list[list[float]]) -> list[int]:
-        return predict_rows(model, rows)
+    def predict(texts: list[str]) -> list[dict[str, Any]]:
+        return predict_texts(model, texts)
 
     _configure(args, TracerProvider(), {})
     _say(
         f"profkit demo --no-server: {args.calls} calls of the handler in a plain loop (no "
         f"server, no request spans), 1 in {args.every} profiled, torch threads {THREADS}"
     )
-    rows = torch.randn(args.batch, FEATURES).tolist()
+    texts = sample_texts(args.batch)
     t0 = time.perf_counter()
     for _ in range(args.calls):
-        predict(rows)
+        predict(texts)
     return _finish(f"ran {args.calls} calls in {time.perf_counter() - t0:.2f} s", 0)
 
 
@@ -204,13 +258,13 @@ def build_app(model: Any, provider: Any) -> Any:
     from .integrations.fastapi import instrument_app
 
     class Batch(BaseModel):
-        rows: list[list[float]]
+        texts: list[str]
 
     app = FastAPI(title="profkit demo")
 
     @app.post("/predict")
-    def predict(batch: Batch) -> dict[str, list[int]]:
-        return {"classes": predict_rows(model, batch.rows)}
+    def predict(batch: Batch) -> dict[str, list[dict[str, Any]]]:
+        return {"predictions": predict_texts(model, batch.texts)}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -293,11 +347,7 @@ def _wait_up(server: Any, timeout: float) -> bool:
 
 def _drive(httpx: Any, url: str, args: argparse.Namespace) -> int:
     """Send ``args.calls`` requests one after another; the number that failed."""
-    import torch
-
-    torch.manual_seed(1)
-    rows = torch.randn(args.batch, FEATURES).tolist()
-    body = {"rows": [[round(x, 3) for x in row] for row in rows]}
+    body = {"texts": sample_texts(args.batch)}
     failed = 0
     with httpx.Client(base_url=url, timeout=30.0) as client:
         for _ in range(args.calls):

@@ -16,8 +16,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-import torch
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
@@ -36,7 +36,7 @@ def _port() -> int:
 
 def _send(base: str) -> str:
     """One sampled demo call under a SERVER span, exported to Phoenix; its trace id."""
-    from profkit._demo import MODEL_NAME, build_model, predict_rows
+    from profkit._demo import MODEL_NAME, build_model, predict_texts, sample_texts
 
     provider = TracerProvider(resource=Resource.create({"service.name": "profkit-demo"}))
     provider.add_span_processor(otlp_span_processor("http/protobuf", endpoint=f"{base}/v1/traces"))
@@ -44,16 +44,16 @@ def _send(base: str) -> str:
     model = build_model()
 
     @profkit.profiled("predict", attributes={"model": MODEL_NAME})
-    def predict(rows: list[list[float]]) -> list[int]:
-        return predict_rows(model, rows)
+    def predict(texts: list[str]) -> list[dict[str, Any]]:
+        return predict_texts(model, texts)
 
     profkit.configure(sample_every=1, exporters=("otel",), tracer_provider=provider)
-    rows = torch.randn(16, 256).tolist()
+    texts = sample_texts(16)
     for _ in range(3):
-        predict(rows)  # warm: the picture is of a warm call
+        predict(texts)  # warm: the picture is of a warm call
     profkit.trigger(1)
     with tracer.start_as_current_span("POST /predict", kind=SpanKind.SERVER) as span:
-        predict(rows)
+        predict(texts)
     profkit.force_flush(10.0)
     profkit.shutdown()
     provider.shutdown()

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import profkit
 from profkit import __main__ as cli
+from profkit import _demo
+from profkit.testing import capture
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = re.compile(r"^── in SERVER span 'POST /predict' ([0-9a-f]{16}), trace ([0-9a-f]{32})$")
@@ -76,6 +79,9 @@ def test_demo_without_server_says_what_it_does() -> None:
     assert "ran 30 calls in " in result.stderr
     assert "plain loop (no server, no request spans)" in result.stderr
     assert "torch threads 1" in result.stderr
+    for region in ("preprocess", "inference", "postprocess"):
+        assert 3 == result.stdout.count(f"  region {region} ")
+    assert "aten::" in result.stdout
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,5 +110,34 @@ def test_demo_rejects_a_batch_too_big_to_make(capsys: pytest.CaptureFixture[str]
     """``--batch 100000000`` would allocate hundreds of GB: a usage error, not a traceback."""
     assert 2 == cli.main(["demo", "--no-server", "--calls", "1", "--batch", "100000000"])
     err = capsys.readouterr().err
-    assert "--batch must be <= 4096" in err
+    assert "--batch must be <= 1024" in err
     assert "Traceback" not in err
+
+
+def test_token_ids_hash_words_into_the_vocabulary() -> None:
+    """No tokeniser: a start token, then one bucket per word (case-free), at most TOKENS."""
+    ids = _demo.token_ids("Markets rally, markets FALL " + "word " * 100)
+    assert (1, ids[1], _demo.TOKENS) == (ids[0], ids[3], len(ids))
+    assert all(2 <= i < _demo.VOCAB for i in ids[1:])
+
+
+def test_the_demo_model_is_a_transformer_text_classifier() -> None:
+    """One profiled call of the demo's handler: its three regions, the encoder's attention
+    ops in the table, and one (label, score) per text (none for no text)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(_demo.THREADS)
+    try:
+        model = _demo.build_model()
+        texts = _demo.sample_texts(5)
+        with capture(sample_every=1, top_k=1000) as cap:
+            answers = profkit.profiled("predict")(_demo.predict_texts)(model, texts)
+            assert profkit.force_flush(30.0)
+    finally:
+        torch.set_num_threads(old)
+    (call,) = cap.calls
+    assert ["predict", "preprocess", "inference", "postprocess"] == [s.label for s in call.scopes]
+    ops = {row.name for row in call.root.ops}
+    expected = {"aten::embedding", "aten::_native_multi_head_attention", "aten::native_layer_norm"}
+    assert expected <= ops, ops
+    assert (5, []) == (len(answers), _demo.predict_texts(model, []))
+    assert all(a["label"] in _demo.LABELS and 0.0 < a["score"] <= 1.0 for a in answers)

@@ -9,20 +9,19 @@ The rules, checked in order (the first that holds wins):
    activity was recorded, the device must also be idle for at least ``input_bound_share`` of
    the call, and then an input share of one half is enough (when the threshold is higher):
    the host outside ops may be waiting for a busy device, which is not input.
-2. **launch-bound**: at least ``launch_bound_min_ops`` op events and an (estimated) median op
-   self CPU time of at most ``launch_bound_op_us``.
+2. **launch-bound**: at least ``launch_bound_min_ops`` op events, an (estimated) median op
+   self CPU time of at most ``launch_bound_op_us``, and a *launch share* of at least one
+   half: tiny ops (at most ``launch_bound_op_us`` per event) and the launch glue between ops
+   take most of the time in and between ops. A call whose heavy ops carry most of that time
+   is never launch-bound, however many tiny ops run beside them.
 3. **compute-bound**: the two heaviest op rows take at least ``compute_bound_top2_share`` of
    the op time (device kernels' self time when the device recorded any, host self CPU time
    otherwise).
 4. **balanced**: none of the above, and also the verdict for a call with no wall time.
 5. **no-ops**: a call in which no torch op was recorded (nothing to judge), checked first.
 
-Each verdict has a **confidence**, from its *margin* (``figures["margin"]``, in [0, 1]): how
-far the figures are from the nearest threshold that would change the verdict, relative to
-that threshold's room (the deciding figure past its own threshold, and every rule checked
-before it short of holding; for balanced, every rule short of holding). A margin under 0.1 is
-"low" (a borderline call: the same code sampled again may read otherwise), under 0.25
-"medium", else "high".
+Each verdict has a **confidence** from its *margin* (``figures["margin"]``): how far the
+figures are from the nearest threshold that would change it (:mod:`.thresholds`).
 
 The self time of torch's range around a data loader's ``__next__`` (``enumerate(DataLoader)#...``:
 rows fetched in Python, or waited for from worker processes) is input time, not op time: it
@@ -35,6 +34,10 @@ dispatcher and the profiler's own bookkeeping between two ops are outside every 
 are part of launching it, not input. The allowance is taken scope by scope (the root's own
 part and each nested region's own part, child regions excluded), so a ``preprocess`` region
 with no ops keeps all of its time however many ops the model region runs.
+
+The launch share is ``(tiny + glue) / (op time + glue)``: ``tiny`` is the self CPU time of the
+op rows whose mean per event is at most ``launch_bound_op_us``, ``glue`` the outside time the
+allowance gives to launching. On a device: the tiny kernel rows' share of kernel device time.
 
 The median op time is an estimate: a summary holds only aggregated rows, so each row stands
 for ``count`` events of its mean duration ``self_cpu_us / count``, and the median is taken
@@ -50,7 +53,7 @@ from collections.abc import Sequence
 from profkit._model import CallSummary, Diagnosis, OpRow, ScopeSummary
 
 from .events import LOADER_RANGES
-from .thresholds import HALF, Figures, Thresholds, ThresholdSource, Verdict
+from .thresholds import HALF, LAUNCH_SHARE, Figures, Thresholds, ThresholdSource, Verdict
 from .thresholds import confidence as _confidence
 from .thresholds import margin as _margin
 
@@ -126,7 +129,7 @@ def _judge(call: CallSummary, figures: Figures, th: Thresholds) -> tuple[Verdict
     if _is_input_bound(figures, th):
         return "input-bound", _input_reason(call, figures, th)
     if _is_launch_bound(figures, th):
-        return "launch-bound", _launch_reason(figures)
+        return "launch-bound", _launch_reason(call, figures, th)
     if figures["top2_share"] >= th.compute_bound_top2_share:
         return "compute-bound", _compute_reason(call, figures, th)
     return "balanced", _balanced_reason(figures)
@@ -171,21 +174,27 @@ def _top_rows(call: CallSummary) -> list[OpRow]:
     return sorted(rows, key=lambda row: row.self_cpu_us, reverse=True)
 
 
+def _host_rows(root: ScopeSummary) -> list[tuple[OpRow, int]]:
+    """Each host row with the op events it stands for (kernel rows take no host time).
+
+    A named row stands for its count; the "other" row may hold kernels too, so it stands for
+    the host events no named row holds (``op_count`` less the named rows' counts).
+    """
+    named = sum(r.count for r in root.ops if not r.is_kernel and not r.is_other)
+    rows = []
+    for row in (r for r in root.ops if not r.is_kernel):
+        count = min(row.count, max(0, root.op_count - named)) if row.is_other else row.count
+        if count > 0:
+            rows.append((row, count))
+    return rows
+
+
 def _median_op_us(root: ScopeSummary) -> float:
     """Estimated median op self CPU time: the median of row means expanded by row count.
 
-    Kernel rows are left out (no host time). The "other" row may hold kernels too, so it
-    stands for the host events no named row holds (``op_count`` less the named rows' counts).
     Falls back to the overall mean (``self_cpu_us / op_count``) when no row has events.
     """
-    host = [r for r in root.ops if not r.is_kernel and not r.is_other]
-    named = sum(r.count for r in host)
-    rows = [(r.self_cpu_us / r.count, r.count) for r in host if r.count > 0]
-    for other in (r for r in root.ops if r.is_other):
-        count = min(other.count, max(0, root.op_count - named))
-        if count > 0:
-            rows.append((other.self_cpu_us / count, count))
-    rows.sort()
+    rows = sorted((row.self_cpu_us / count, count) for row, count in _host_rows(root))
     total = sum(count for _, count in rows)
     if total == 0:
         return root.self_cpu_us / root.op_count if root.op_count > 0 else 0.0
@@ -221,6 +230,21 @@ def _input_by_scope(call: CallSummary, glue_us: float) -> list[float]:
     ]
 
 
+def _launch_share(call: CallSummary, op_self: float, input_us: float, op_us: float) -> float:
+    """Share of the time in and between ops taken by tiny ops and launch glue (rule 2).
+
+    On a device: the share of the named kernel rows' device time in tiny kernels.
+    """
+    if _uses_device(call):
+        kernels = [r for r in call.root.ops if r.is_kernel and not r.is_other]
+        tiny = sum(r.self_device_us for r in kernels if r.self_device_us <= op_us * r.count)
+        return _share(tiny, sum(r.self_device_us for r in kernels))
+    glue = max(0.0, call.root.duration_us - op_self - input_us)
+    rows = [(r, n) for r, n in _host_rows(call.root) if not _is_loader(r)]
+    tiny = sum(row.self_cpu_us for row, count in rows if row.self_cpu_us <= op_us * count)
+    return _share(tiny + glue, op_self + glue)
+
+
 def _figures(call: CallSummary, th: Thresholds) -> Figures:
     """Every figure the rules read, keyed as documented on :class:`Diagnosis`."""
     root = call.root
@@ -229,13 +253,15 @@ def _figures(call: CallSummary, th: Thresholds) -> Figures:
     op_self = _op_self_us(root)
     op_total = root.self_device_us if device else op_self
     top = [row.self_device_us if device else row.self_cpu_us for row in _top_rows(call)]
+    input_us = sum(_input_by_scope(call, th.launch_bound_op_us))
     figures: Figures = {
         "wall_us": wall,
         "op_self_us": op_self,
         "outside_ops_share": _share(max(0.0, wall - op_self), wall),
-        "input_share": _share(sum(_input_by_scope(call, th.launch_bound_op_us)), wall),
+        "input_share": _share(input_us, wall),
         "op_count": float(root.op_count),
         "median_op_us": _median_op_us(root),
+        "launch_share": _launch_share(call, op_self, input_us, th.launch_bound_op_us),
         "top1_share": _share(sum(top[:1]), op_total),
         "top2_share": _share(sum(top[:2]), op_total),
     }
@@ -262,9 +288,10 @@ def _is_input_bound(figures: Figures, th: Thresholds) -> bool:
 
 
 def _is_launch_bound(figures: Figures, th: Thresholds) -> bool:
-    """Rule 2: many ops and a small median op time."""
+    """Rule 2: many ops, a small median op time, and tiny ops (with glue) take most time."""
     many = figures["op_count"] >= th.launch_bound_min_ops
-    return many and figures["median_op_us"] <= th.launch_bound_op_us
+    tiny = figures["median_op_us"] <= th.launch_bound_op_us
+    return many and tiny and figures["launch_share"] >= LAUNCH_SHARE
 
 
 def _busiest_region(call: CallSummary, th: Thresholds) -> tuple[str, float] | None:
@@ -300,12 +327,20 @@ def _input_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
     return f"device idle for {idle:.0%} of the call, {input_share:.0%} outside torch ops{where}"
 
 
-def _launch_reason(figures: Figures) -> str:
-    """E.g. "1,234 ops with a median of 3.1 µs each: the host is busy launching tiny ops"."""
+def _launch_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
+    """E.g. "1,234 ops with a median of 3.1 µs each: tiny ops (≤ 20 µs) and the gaps between
+    them take 85% of the time in and between ops, the host is busy launching them"."""
     count = int(figures["op_count"])
     median = figures["median_op_us"]
-    tail = "the host is busy launching tiny ops"
-    return f"{count:,} ops with a median of {median:.1f} {_MU}s each: {tail}"
+    share = figures["launch_share"]
+    tiny = f"(\u2264 {th.launch_bound_op_us:g} {_MU}s)"
+    if _uses_device(call):
+        what = f"tiny kernels {tiny} take {share:.0%} of device kernel time"
+    else:
+        gaps = "and the gaps between them take"
+        what = f"tiny ops {tiny} {gaps} {share:.0%} of the time in and between ops"
+    head = f"{count:,} ops with a median of {median:.1f} {_MU}s each"
+    return f"{head}: {what}, the host is busy launching them"
 
 
 def _compute_reason(call: CallSummary, figures: Figures, th: Thresholds) -> str:
@@ -327,6 +362,7 @@ def _balanced_reason(figures: Figures) -> str:
     return (
         f"no single cause: {figures['outside_ops_share']:.0%} outside torch ops, "
         f"median op {figures['median_op_us']:.1f} {_MU}s, "
+        f"tiny ops and launch gaps {figures['launch_share']:.0%} of the time in and between ops, "
         f"top two ops take {figures['top2_share']:.0%} of op time"
     )
 

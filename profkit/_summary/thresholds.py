@@ -1,7 +1,11 @@
 """Diagnosis thresholds, and how far a call's figures are from the nearest one (confidence).
 
-Pure, like :mod:`profkit._summary.diagnosis`: no torch. A verdict near a threshold that would flip
-it reads "low" confidence; one far from every threshold reads "high".
+Pure, like :mod:`profkit._summary.diagnosis`: no torch. A verdict's *margin*, in [0, 1], is how
+far the figures are from the nearest threshold that would change it, relative to that
+threshold's room (the deciding figure past its own threshold, and every rule checked before
+it short of holding; for balanced, every rule short of holding). Under 0.1 the confidence is
+"low" (a borderline call: the same code sampled again may read otherwise), under 0.25
+"medium", else "high".
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Literal, Protocol
 
 __all__ = [
     "HALF",
+    "LAUNCH_SHARE",
     "Confidence",
     "Figures",
     "ThresholdSource",
@@ -26,6 +31,10 @@ Figures = dict[str, float]
 
 HALF = 0.5
 """On a device, an input share of a half is enough when the device is idle long enough."""
+
+LAUNCH_SHARE = 0.5
+"""Launch share (tiny ops and the glue between ops, over the time in and between ops) at or
+above which a call with many tiny ops is launch-bound: they take most of that time."""
 
 _LOW, _MEDIUM = 0.1, 0.25
 """Margins under which a verdict's confidence is "low", then "medium"."""
@@ -101,16 +110,17 @@ def _input_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
 
 
 def _launch_margin(figures: Figures, th: Thresholds, holds: bool) -> float:
-    """Rule 2's distance from flipping (many ops and a small median op time)."""
+    """Rule 2's distance from flipping (many ops, a small median, a launch share of most)."""
     ops, median = figures["op_count"], figures["median_op_us"]
     min_ops, op_us = float(th.launch_bound_min_ops), th.launch_bound_op_us
+    share = figures["launch_share"]
     if holds:
         more = min(1.0, (ops - min_ops) / min_ops) if min_ops > 0 else 1.0
         faster = 1.0 if op_us <= 0 else min(1.0, max(0.0, (op_us - median) / op_us))
-        return min(more, faster)
+        return min(more, faster, _past(share, LAUNCH_SHARE))
     fewer = _short(ops, min_ops)
     slower = 1.0 if op_us <= 0 else min(1.0, max(0.0, (median - op_us) / op_us))
-    return max(fewer, slower)
+    return max(fewer, slower, _short(share, LAUNCH_SHARE))
 
 
 def margin(verdict: Verdict, figures: Figures, th: Thresholds) -> float:

@@ -45,7 +45,8 @@ A = torch.randn(1024, 1024)
 B = torch.randn(1024, 1024)
 
 LAUNCH_REASON = re.compile(
-    r"[\d,]+ ops with a median of \d+\.\d \u00b5s each: the host is busy launching tiny ops"
+    r"[\d,]+ ops with a median of \d+\.\d \u00b5s each: tiny ops \(\u2264 20 \u00b5s\) and the "
+    r"gaps between them take \d+% of the time in and between ops, the host is busy launching them"
 )
 
 

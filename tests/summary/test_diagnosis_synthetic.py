@@ -152,11 +152,61 @@ def test_a_data_loader_ranked_past_top_k_on_a_device_is_still_input_time() -> No
 
 
 def test_launch_bound() -> None:
-    """Many ops with a tiny median: launch-bound, even though two rows hold all op time."""
+    """Many tiny ops taking all the time: launch-bound, though two rows hold all op time."""
     rows = [op("aten::add", 1000, 3100), op("aten::mul", 234, 1170)]
     d = diagnose(call(scope("step", 5000, ops=rows)), DEFAULT)
-    expected = "1,234 ops with a median of 3.1 \u00b5s each: the host is busy launching tiny ops"
+    expected = (
+        "1,234 ops with a median of 3.1 \u00b5s each: tiny ops (\u2264 20 \u00b5s) and the gaps "
+        "between them take 100% of the time in and between ops, the host is busy launching them"
+    )
     assert (d.verdict, d.reason) == ("launch-bound", expected)
+
+
+def test_many_tiny_ops_beside_a_heavy_op_are_not_launch_bound() -> None:
+    """Issue 40: 298 ops with a median of 0.6 µs, but addmm takes 76% of op time (783 of 1,029
+    µs): heavy ops carry most of the time in and between ops, so compute-bound, not launch."""
+    rows = [op("aten::addmm", 3, 783), op("aten::unbind", 1, 40), op("other", 294, 206, other=True)]
+    d = diagnose(call(scope("predict", 1500, ops=rows)), DEFAULT)
+    expected = ("compute-bound", "aten::addmm takes 76% of op time", 0.45)
+    assert expected == (d.verdict, d.reason, round(d.figures["launch_share"], 2)), d.figures
+
+
+def test_launch_glue_counts_toward_launching() -> None:
+    """1,000 tiny ops (1 ms) with 3 ms of glue between them beside a 1.5 ms matmul: the host
+    spends 73% of the time in and between ops launching, so launch-bound, though the matmul
+    takes 60% of op time."""
+    rows = [op("aten::mm", 1, 1500), op("aten::add", 1000, 1000)]
+    d = diagnose(call(scope("step", 5500, ops=rows)), DEFAULT)
+    share = round(d.figures["launch_share"], 2)
+    assert ("launch-bound", 0.73, 0.6) == (d.verdict, share, d.figures["top1_share"])
+
+
+@pytest.mark.parametrize(
+    ("mm_us", "verdict"), [(3000.0, "launch-bound"), (3001.0, "compute-bound")]
+)
+def test_launch_share_boundary(mm_us: float, verdict: str) -> None:
+    """A launch share of exactly one half is launch-bound; a microsecond more matmul is not.
+
+    300 adds of 10 µs (3 ms, tiny) and no glue beside one matmul of ``mm_us``.
+    """
+    rows = [op("aten::mm", 1, mm_us), op("aten::add", 300, 3000)]
+    d = diagnose(call(scope("step", 3000 + mm_us, ops=rows)), DEFAULT)
+    assert verdict == d.verdict, d.figures
+
+
+def test_launch_share_on_a_device_reads_kernel_time() -> None:
+    """On a device: 300 tiny kernels (2 µs) beside one 9 ms GEMM are not launch-bound; alone
+    they are, with the reason quoting the tiny kernels' share of device time."""
+    launches = [op("aten::add", 300, 600, device=600), op("aten::mm", 1, 5, device=9000)]
+    tiny = op("add_kernel", 300, 0, device=600, kernel=True)
+    gemm = op("sgemm", 1, 0, device=9000, kernel=True)
+    heavy = diagnose(call(scope("f", 10_000, ops=[*launches, tiny, gemm]), device=True), DEFAULT)
+    light = diagnose(call(scope("f", 10_000, ops=[launches[0], tiny]), device=True), DEFAULT)
+    reason = (
+        "300 ops with a median of 2.0 \u00b5s each: tiny kernels (\u2264 20 \u00b5s) take "
+        "100% of device kernel time, the host is busy launching them"
+    )
+    assert ("compute-bound", "launch-bound", reason) == (heavy.verdict, light.verdict, light.reason)
 
 
 def test_compute_bound() -> None:
@@ -179,6 +229,7 @@ def test_balanced() -> None:
     d = diagnose(call(scope("forward", 1000, ops=rows)), DEFAULT)
     expected = (
         "no single cause: 10% outside torch ops, median op 112.5 \u00b5s, "
+        "tiny ops and launch gaps 10% of the time in and between ops, "
         "top two ops take 50% of op time"
     )
     assert (d.verdict, d.reason) == ("balanced", expected)
@@ -240,6 +291,14 @@ def test_confidence_follows_the_margin(top: float, verdict: str, confidence: str
     rows = [op("a", 1, top), op("b", 1, top)] + [op(f"r{i}", 1, rest / 8) for i in range(8)]
     d = diagnose(call(scope("f", 1100, ops=rows)), DEFAULT)
     assert (verdict, confidence) == (d.verdict, d.confidence), d.figures
+
+
+def test_launch_bound_by_a_thin_launch_share_is_low_confidence() -> None:
+    """300 tiny adds (3 ms) beside a 2.8 ms matmul: launch share 0.52, launch-bound but low."""
+    rows = [op("aten::mm", 1, 2800), op("aten::add", 300, 3000)]
+    d = diagnose(call(scope("step", 5800, ops=rows)), DEFAULT)
+    share = round(d.figures["launch_share"], 2)
+    assert ("launch-bound", "low", 0.52) == (d.verdict, d.confidence, share)
 
 
 def test_balanced_next_to_input_bound_is_low_confidence() -> None:
@@ -373,6 +432,7 @@ def test_cpu_call_has_no_device_figures() -> None:
     d = diagnose(call(scope("f", 1000, ops=[op("aten::mm", 1, 900)])), DEFAULT)
     assert sorted(d.figures) == [
         "input_share",
+        "launch_share",
         "margin",
         "median_op_us",
         "op_count",
@@ -572,3 +632,31 @@ def test_property_amdahl_speedup_between_one_and_limit(f: float, s: float) -> No
     overall = amdahl_speedup(f, s)
     limit = amdahl_speedup(f, math.inf)
     assert (overall >= 1.0 - 1e-12, overall <= min(s, limit) * (1 + 1e-12)) == (True, True)
+
+
+@st.composite
+def mixed_calls(draw: st.DrawFn) -> CallSummary:
+    """Host calls mixing tiny rows (mean <= 20 µs per event) and heavy ones, with glue."""
+    tiny = [
+        op(f"t{i}", n, n * draw(st.floats(0.1, 20.0)))
+        for i, n in enumerate(draw(st.lists(st.integers(1, 3000), min_size=1, max_size=4)))
+    ]
+    heavy = [
+        op(f"h{i}", n, n * draw(st.floats(20.5, 5000.0)))
+        for i, n in enumerate(draw(st.lists(st.integers(1, 20), max_size=3)))
+    ]
+    rows = sorted([*tiny, *heavy], key=lambda r: r.self_cpu_us, reverse=True)
+    op_us = sum(r.self_cpu_us for r in rows)
+    return call(scope("f", op_us + draw(st.floats(0.0, 100_000.0)), ops=rows))
+
+
+@given(mixed_calls())
+def test_property_launch_bound_never_while_heavy_ops_take_most(c: CallSummary) -> None:
+    """A launch-bound call: the rows heavier than ``launch_bound_op_us`` per event take at most
+    half of the time in and between ops (op time plus the glue that is not input)."""
+    d = diagnose(c, DEFAULT)
+    f = d.figures
+    glue = f["wall_us"] * (f["outside_ops_share"] - f["input_share"])
+    heavy = sum(r.self_cpu_us for r in c.root.ops if r.self_cpu_us > 20.0 * r.count)
+    launch = d.verdict == "launch-bound"
+    assert not launch or heavy <= 0.5 * (f["op_self_us"] + glue) * (1 + 1e-9)
