@@ -1,0 +1,413 @@
+"""Ray Serve: profkit in every replica, traces across the hop, ``@serve.batch`` batches.
+
+::
+
+    from ray import serve
+    import profkit
+    from profkit.integrations import ray_serve
+
+    @serve.deployment(num_replicas=2)
+    @ray_serve.replica(sample_every=50, metrics=True, setup=make_providers)
+    class Model:
+        @ray_serve.batch(label="forward", max_batch_size=8, batch_wait_timeout_s=0.01)
+        async def __call__(self, inputs: list[torch.Tensor]) -> list[int]:
+            ...  # one forward for the batch: a profkit.batch("forward", members) root call
+
+    @serve.deployment
+    @ray_serve.replica(sample_every=50)
+    class Ingress:
+        def __init__(self, model: DeploymentHandle) -> None:
+            self.model = ray_serve.traced(model)  # the caller's trace goes with each call
+
+        @profkit.profiled("classify")
+        async def __call__(self, request: Request) -> dict: ...
+
+:func:`replica` is a class decorator under ``@serve.deployment``: it travels with the
+deployment (Ray pickles the class), so each replica configures profkit in its own process
+before the class's ``__init__`` runs (with ``settings``, the rest from ``PROFKIT_*``, which
+``ray_actor_options={"runtime_env": {"env_vars": ...}}`` carries), and shuts profkit down in
+``__del__`` (which Ray Serve calls when it stops a replica: a scale-down, a redeploy,
+``serve.shutdown()``), before the class's own ``__del__``: what was sampled is exported, or
+counted as dropped. ``setup`` (a callable with no arguments, run in the replica) returns
+what cannot be pickled: ``{"tracer_provider": ..., "meter_provider": ...}``.
+
+Each method of the class (``__call__`` and the public ones) runs in the trace of its
+request (profkit's root calls are children of its span, and skipped in an unsampled trace):
+
+* Ray Serve's own tracing on (``serve.start(tracing_config=...)``,
+  ``RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH``): Ray Serve's context (its
+  ``replica_handle_request`` span) is the parent; a request Ray Serve did not sample (it
+  leaves no context) is an unsampled trace for profkit too.
+* Off: the W3C ``traceparent`` (and ``baggage``) of the HTTP request, for a method given
+  the request (a Starlette ``Request``); for a call through a :func:`traced` handle, the
+  caller's context, which the handle sends as the keyword argument :data:`TRACE_KWARG` (a
+  W3C carrier) and the receiving method's wrapper takes out again. So a :func:`traced`
+  handle calls deployments that are ``@replica`` themselves (Ray's own
+  ``_ray_trace_ctx`` keyword cannot carry it: Ray refuses it while Ray's tracing is off).
+
+:func:`batch` replaces ``@serve.batch``: each request takes a :func:`profkit.batch_member`
+token in its own context, and the batch body runs in ``profkit.batch(label, members)``.
+
+Ray is optional: ``pip install 'profkit[ray]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import random
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import Token
+from typing import Any, TypeVar
+
+try:
+    from ray import serve
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "profkit.integrations.ray_serve needs Ray Serve: pip install 'profkit[ray]'"
+    ) from exc
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from .. import _global
+from .._label.batch import BatchMember, batch_member
+from .._label.batch import batch as profkit_batch
+
+__all__ = ["SHUTDOWN_FLUSH_S", "TRACE_KWARG", "batch", "replica", "traced"]
+
+#: seconds the flush at a replica's shutdown may take (Ray Serve's own graceful shutdown
+#: timeout, ``graceful_shutdown_timeout_s``, is 20 s by default)
+SHUTDOWN_FLUSH_S = 5.0
+#: the keyword argument a :func:`traced` handle carries the caller's W3C context in (a dict
+#: of ``traceparent``, ``tracestate``, ``baggage``); an ``@replica`` method takes it out
+TRACE_KWARG = "_profkit_trace"
+
+_C = TypeVar("_C", bound=type)
+_STOPPED = "_profkit_stopped"
+
+
+def replica(
+    cls: _C | None = None,
+    /,
+    *,
+    setup: Callable[[], Mapping[str, Any] | None] | None = None,
+    flush_timeout: float = SHUTDOWN_FLUSH_S,
+    **settings: Any,
+) -> Any:
+    """Class decorator for a deployment (under ``@serve.deployment``): profkit in each replica.
+
+    Args:
+        cls: The deployment class (bare ``@replica``, or ``@replica(...)`` with settings).
+        setup: Run in each replica before ``configure()``; what it returns is added to the
+            settings (a TracerProvider, a MeterProvider, exporters: what cannot travel).
+        flush_timeout: Seconds the shutdown flush in ``__del__`` may take.
+        **settings: ``profkit.configure()`` settings (plain values: they travel with the
+            class); those left out come from ``PROFKIT_*`` in the replica's environment.
+
+    Returns:
+        The class, changed in place.
+
+    Raises:
+        ValueError: a setting is unknown or out of range (checked here, on the driver).
+    """
+    from .._config import build_config
+
+    build_config(dict(settings))  # a typo fails the deploy script, not every replica
+
+    def decorate(target: _C) -> _C:
+        _instrument(target, settings, setup, flush_timeout)
+        return target
+
+    return decorate(cls) if cls is not None else decorate
+
+
+def _instrument(
+    cls: type,
+    settings: dict[str, Any],
+    setup: Callable[[], Mapping[str, Any] | None] | None,
+    flush_timeout: float,
+) -> None:
+    owner: Any = cls
+    init = cls.__dict__.get("__init__")
+    user_del = cls.__dict__.get("__del__")
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        extra = dict(setup() or {}) if setup is not None else {}
+        _global.configure(**{**settings, **extra})
+        if init is not None:
+            init(self, *args, **kwargs)
+        else:
+            base: Any = super(owner, self)  # the __init__ the class inherits
+            base.__init__(*args, **kwargs)
+
+    def __del__(self: Any) -> None:
+        # Ray Serve calls it once the replica has drained; the GC may call it again
+        if not getattr(self, _STOPPED, False):
+            with contextlib.suppress(AttributeError):  # (__slots__: later calls find nothing)
+                object.__setattr__(self, _STOPPED, True)
+            stop(flush_timeout)
+        if user_del is not None:
+            user_del(self)
+
+    if init is not None:
+        functools.update_wrapper(__init__, init)
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __del__.__qualname__ = f"{cls.__qualname__}.__del__"
+    cls.__init__ = __init__  # type: ignore[misc]
+    cls.__del__ = __del__  # type: ignore[attr-defined]
+    for name, member in list(cls.__dict__.items()):
+        if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(
+            getattr(member, "__wrapped__", member)
+        ):
+            wrapped = _in_request_trace(member)
+            if wrapped is not member:
+                setattr(cls, name, wrapped)
+
+
+def stop(timeout: float = SHUTDOWN_FLUSH_S) -> bool:
+    """Flush and shut profkit down in this replica (what ``__del__`` does); True when all
+    that was sampled was exported (else it is counted as dropped, ``profkit.stats()``)."""
+    _global.close_idle_here()  # a window waiting on this (the replica loop's) thread
+    return _global.shutdown(timeout)
+
+
+def _in_request_trace(method: Any) -> Any:
+    """``method``, run in its request's trace (see the module docstring); generators and
+    async generators (streamed answers) are left alone."""
+    if inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method):
+        return method
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            token = _attach(args, kwargs.pop(TRACE_KWARG, None))
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+
+        wrapper: Any = async_wrapper
+    else:
+
+        @functools.wraps(method)
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            token = _attach(args, kwargs.pop(TRACE_KWARG, None))
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+
+        wrapper = sync_wrapper
+    # serve.batch finds a method's ``self`` by its ``__wrapped__``: keep the one it knows
+    wrapper.__wrapped__ = getattr(method, "__wrapped__", method)
+    return wrapper
+
+
+def _attach(args: tuple[Any, ...], sent: Any) -> Token[otel_context.Context] | None:
+    """Attach the request's context, when this replica's current one is not it already."""
+    try:
+        ctx = request_context(args[1:], sent)
+        return otel_context.attach(ctx) if ctx is not None else None
+    except Exception as exc:  # never fail the request over its trace
+        session = _global.get_session()
+        if session is None:
+            raise
+        from .. import _errors
+
+        _errors.internal(session.stats, "ray_serve_context", exc)
+        return None
+
+
+def request_context(args: Iterable[Any] = (), sent: Any = None) -> otel_context.Context | None:
+    """The OTel context this replica's current request belongs to, or None when the current
+    one already is (or there is none). ``args``: the method's arguments (a Starlette
+    ``Request`` among them gives its headers); ``sent``: what a :func:`traced` handle sent."""
+    if _serve_tracing_on():
+        if trace.get_current_span().get_span_context().is_valid:
+            return None  # Ray Serve attached its own span: the request's trace
+        # Ray Serve leaves no context for a request it did not sample: not ours either
+        return trace.set_span_in_context(NonRecordingSpan(_unsampled()))
+    carrier = _carrier(sent)
+    if carrier is None:
+        carrier = next((_headers(a) for a in args if _headers(a) is not None), None)
+    if not carrier:
+        return None
+    return propagate.extract(carrier)
+
+
+def _serve_tracing_on() -> bool:
+    """Ray Serve's own tracing is set up in this process (its ``setup_tracing``)."""
+    try:
+        from ray.serve._private.tracing_utils import is_tracing_enabled
+    except ImportError:  # pragma: no cover - another Ray release
+        return False
+    return bool(is_tracing_enabled())
+
+
+def _unsampled() -> SpanContext:
+    """A valid span context whose trace is not sampled (profkit skips calls under it)."""
+    return SpanContext(
+        trace_id=random.getrandbits(128) or 1,
+        span_id=random.getrandbits(64) or 1,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+    )
+
+
+def _carrier(sent: Any) -> dict[str, str] | None:
+    """The W3C carrier a :func:`traced` handle sent (strings only), else None."""
+    if isinstance(sent, dict) and isinstance(sent.get("traceparent"), str):
+        return {k: v for k, v in sent.items() if isinstance(k, str) and isinstance(v, str)}
+    return None
+
+
+def _headers(arg: Any) -> dict[str, str] | None:
+    """The trace headers of an HTTP request (an ASGI ``scope`` with headers), else None."""
+    scope = getattr(arg, "scope", None)
+    if not isinstance(scope, dict) or scope.get("type") != "http":
+        return None
+    out: dict[str, str] = {}
+    for key, value in scope.get("headers") or ():
+        name = key.decode("latin-1").lower()
+        if name in ("traceparent", "tracestate", "baggage"):
+            out[name] = value.decode("latin-1")
+    return out
+
+
+class traced:
+    """A ``DeploymentHandle`` whose calls carry the caller's W3C trace context.
+
+    ``traced(handle).remote(x)``, ``traced(handle).method.remote(x)`` and
+    ``traced(handle).options(...)`` are the handle's own, with the current context (the
+    request's, in an instrumented replica) injected into :data:`TRACE_KWARG` when there is
+    one and Ray Serve's own tracing is off (on, Ray Serve carries its context itself). The
+    deployment called must be a :func:`replica` (its ``__call__`` and public methods take
+    the keyword out); a method whose name starts with ``_`` is called as it is.
+    """
+
+    __slots__ = ("handle", "method")
+
+    handle: Any
+    """The ``DeploymentHandle`` (or method handle) it calls."""
+    method: str
+    """The deployment's method it calls."""
+
+    def __init__(self, handle: Any, method: str = "__call__") -> None:
+        self.handle = handle.handle if isinstance(handle, traced) else handle
+        self.method = method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """The handle's ``remote``, with the caller's trace context."""
+        public = self.method == "__call__" or not self.method.startswith("_")
+        if public and TRACE_KWARG not in kwargs and not _serve_tracing_on():
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            if carrier.get("traceparent"):
+                kwargs[TRACE_KWARG] = carrier
+        return self.handle.remote(*args, **kwargs)
+
+    def options(self, *args: Any, **kwargs: Any) -> traced:
+        """The handle's ``options``, traced."""
+        method = kwargs.get("method_name") or self.method
+        return traced(self.handle.options(*args, **kwargs), method)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.handle, name)
+        return traced(value, name) if callable(getattr(value, "remote", None)) else value
+
+    def __repr__(self) -> str:
+        return f"profkit.integrations.ray_serve.traced({self.handle!r})"
+
+
+class _Item:
+    """One request's input and its batch token, through Ray Serve's batch queue."""
+
+    __slots__ = ("member", "value")
+
+    def __init__(self, member: BatchMember, value: Any) -> None:
+        self.member = member
+        self.value = value
+
+
+def batch(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    label: str | None = None,
+    weight: Callable[[Any], float] | None = None,
+    batch_size_fn: Callable[[list[Any]], int] | None = None,
+    **serve_batch: Any,
+) -> Any:
+    """``@serve.batch`` whose batches are profkit batches: ``@ray_serve.batch(label=...,
+    max_batch_size=8, batch_wait_timeout_s=0.01)`` on a method ``(self, inputs: list)``.
+
+    Each call (``await self.method(one_input)``) takes :func:`profkit.batch_member` in its
+    request's context and queues its input with it; the method then runs on the batch's
+    inputs inside ``profkit.batch(label, members, weights)``: a root call named ``label``
+    (default: the method's name), profiled one batch in N, each request's trace getting its
+    share. The method may be ``async def`` or ``def``; either runs where Ray Serve runs the
+    batch (the replica's event loop): keep the forward inside it, not behind an ``await``
+    (a thread-local window records the loop's other tasks meanwhile).
+
+    Args:
+        func: The batch method (bare ``@ray_serve.batch``).
+        label: The batch's label.
+        weight: One input's weight (its tokens): the shares are weights over their sum; read
+            for a profiled batch only.
+        batch_size_fn: As ``serve.batch``'s, given the inputs.
+        **serve_batch: ``serve.batch``'s other arguments (``max_batch_size``,
+            ``batch_wait_timeout_s``, ``max_concurrent_batches``).
+    """
+
+    def decorate(method: Callable[..., Any]) -> Any:
+        if inspect.isasyncgenfunction(method) or inspect.isgeneratorfunction(method):
+            raise TypeError(
+                "profkit.integrations.ray_serve.batch does not take a generator (a streamed "
+                "batch): use serve.batch with profkit.batch_member() and profkit.batch() "
+                "(docs/ray-serve.md)"
+            )
+        name = label if label is not None else method.__name__
+        is_async = inspect.iscoroutinefunction(method)
+
+        async def body(self: Any, items: list[_Item]) -> Any:
+            inputs = [item.value for item in items]
+            weights = None if weight is None else (weight(x) for x in inputs)
+            # a trace of its own (the batch task kept the context of the request that made
+            # the queue; Ray Serve's tracing, the first request's): the members link to it
+            token = otel_context.attach(otel_context.Context())
+            try:
+                with profkit_batch(name, [item.member for item in items], weights):
+                    if is_async:
+                        return await method(self, inputs)
+                    return method(self, inputs)
+            finally:
+                otel_context.detach(token)
+
+        body.__name__, body.__qualname__ = method.__name__, method.__qualname__
+        sizes = None
+        if batch_size_fn is not None:
+            size_fn = batch_size_fn
+
+            def sizes(items: list[_Item]) -> int:
+                return size_fn([item.value for item in items])
+
+        queued: Any = serve.batch(body, batch_size_fn=sizes, **serve_batch)
+
+        @functools.wraps(method)
+        async def one(self: Any, value: Any) -> Any:
+            return await queued(self, _Item(batch_member(), value))
+
+        one.__wrapped__ = body  # serve.batch finds self by it
+        for attr in ("set_max_batch_size", "set_batch_wait_timeout_s"):
+            setattr(one, attr, getattr(queued, attr))
+        for attr in ("_get_max_batch_size", "_get_batch_wait_timeout_s"):
+            if hasattr(queued, attr):
+                setattr(one, attr, getattr(queued, attr))
+        return one
+
+    return decorate(func) if func is not None else decorate
