@@ -7,7 +7,8 @@ the batches of 8), in one process and one run, rounds interleaved in a shuffled 
 * ``serve.batch``: the method under ``@serve.batch``, no profkit;
 * ``ray_serve.batch``: the class under ``@ray_serve.replica`` (each method in its request's
   trace) and the method under ``@ray_serve.batch`` (a ``batch_member()`` per request, the
-  body in ``profkit.batch(...)``), profkit configured and off-sample (1 batch in 10^9).
+  body in ``profkit.batch(...)``), profkit configured (spans and logs through real
+  exporters) and off-sample: 1 batch in 10^9 (the first, which falls in the warm-up).
 
 Two bodies: ``noop`` (the inputs back: what profkit adds, in µs per request, against Ray
 Serve's own queue) and ``encoder`` (the example's TransformerEncoder classifier, 2 layers,
@@ -32,7 +33,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _util import emit, fmt_spread, interleaved, machine, parse_args, spread  # noqa: E402
+from _util import (
+    emit,
+    fmt_spread,
+    interleaved,
+    machine,
+    parse_args,
+    quiet_exporter_settings,
+    spread,
+)
 
 BATCH = 8
 SEQ = 16
@@ -57,7 +66,7 @@ def _classes(body: Any) -> dict[str, Any]:
         async def forward(self, inputs: list[Any]) -> list[Any]:
             return body(inputs)
 
-    @ray_serve.replica(sample_every=10**9, cold_calls=0, exporters=())
+    @ray_serve.replica(sample_every=10**9, cold_calls=0, setup=quiet_exporter_settings)
     class Profiled:
         @ray_serve.batch(label="forward", max_batch_size=BATCH, batch_wait_timeout_s=1.0)
         async def forward(self, inputs: list[Any]) -> list[Any]:
@@ -122,6 +131,9 @@ def measure(quick: bool) -> dict[str, Any]:
             }
         stats = profkit.stats()
     finally:
+        for task in asyncio.all_tasks(loop):  # Ray Serve's batch queues, waiting
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
         loop.close()
         profkit.shutdown(2.0)
     return {

@@ -68,6 +68,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "profkit.integrations.ray_serve needs Ray Serve: pip install 'profkit[ray]'"
     ) from exc
 
+try:  # Ray Serve's own tracing (alpha): whether it is set up in this process
+    from ray.serve._private.tracing_utils import is_tracing_enabled as _tracing_enabled
+except ImportError:  # pragma: no cover - another Ray release: taken as off
+
+    def _tracing_enabled() -> bool:
+        return False
+
+
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
@@ -234,7 +242,10 @@ def request_context(args: Iterable[Any] = (), sent: Any = None) -> otel_context.
         return trace.set_span_in_context(NonRecordingSpan(_unsampled()))
     carrier = _carrier(sent)
     if carrier is None:
-        carrier = next((_headers(a) for a in args if _headers(a) is not None), None)
+        for arg in args:
+            carrier = _headers(arg)
+            if carrier is not None:
+                break
     if not carrier:
         return None
     return propagate.extract(carrier)
@@ -242,11 +253,7 @@ def request_context(args: Iterable[Any] = (), sent: Any = None) -> otel_context.
 
 def _serve_tracing_on() -> bool:
     """Ray Serve's own tracing is set up in this process (its ``setup_tracing``)."""
-    try:
-        from ray.serve._private.tracing_utils import is_tracing_enabled
-    except ImportError:  # pragma: no cover - another Ray release
-        return False
-    return bool(is_tracing_enabled())
+    return bool(_tracing_enabled())
 
 
 def _unsampled() -> SpanContext:
