@@ -5,8 +5,10 @@ stubbed: ``serve.batch`` asks for one). tests/test_ray_serve.py runs it all on a
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ pytest.importorskip(
 from ray import serve
 
 import profkit
-from profkit.integrations import ray_serve
+from profkit.integrations import _ray_trace, ray_serve
 from profkit.testing import capture
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -29,11 +31,19 @@ TRACER = TracerProvider().get_tracer("service")
 
 
 @pytest.fixture
-def replica_context(monkeypatch: pytest.MonkeyPatch) -> None:
+def replica_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """What ``serve.batch`` reads of its replica (it refuses to run outside one)."""
     config = types.SimpleNamespace(max_ongoing_requests=100)
     ctx = types.SimpleNamespace(_deployment_config=config, deployment="D", app_name="a")
     monkeypatch.setattr(serve, "get_replica_context", lambda: ctx)
+    yield
+    # Ray's batch queue, collected outside a running loop, asks for one and would make (and
+    # leave open) a loop of its own: it gets this one, closed here
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    gc.collect()
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 class _Request:
@@ -65,6 +75,22 @@ def test_replica_configures_in_init_and_shuts_down_before_the_class_del() -> Non
     model.__del__()
     model.__del__()  # Ray Serve's call, then the GC's: profkit is flushed once
     assert [("m", 7), None, None] == seen
+
+
+def test_only_the_instance_that_configured_the_session_stops_it() -> None:
+    """An instance made without __init__, or an older one, leaves the session running."""
+
+    @ray_serve.replica(exporters=())
+    class Model:
+        pass
+
+    old = Model()
+    new = Model()  # configures again: the old instance's session is replaced
+    Model.__new__(Model).__del__()
+    old.__del__()
+    assert profkit.get_config() is not None
+    new.__del__()
+    assert profkit.get_config() is None
 
 
 def test_a_bad_setting_fails_at_decoration() -> None:
@@ -118,7 +144,7 @@ def test_under_serve_tracing_a_request_it_did_not_sample_is_not_profiled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ray Serve's tracing on and no context (its sampler said no): profkit skips the call."""
-    monkeypatch.setattr(ray_serve, "_serve_tracing_on", lambda: True)
+    monkeypatch.setattr(_ray_trace, "_serve_tracing_on", lambda: True)
 
     class Model:
         @profkit.profiled("predict")
