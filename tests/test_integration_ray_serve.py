@@ -157,6 +157,32 @@ def test_under_serve_tracing_a_request_it_did_not_sample_is_not_profiled(
     assert (0, 1) == (len(cap.calls), cap.stats["skipped_unsampled_trace"])
 
 
+def test_under_serve_tracing_the_request_trace_wins_over_a_serve_span_outside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Serve's span in the request's trace stays the parent; one in another trace (it
+    lost the request's parent) gives way to the request's traceparent."""
+    monkeypatch.setattr(_ray_trace, "_serve_tracing_on", lambda: True)
+
+    class Ingress:
+        def __call__(self, request: Any) -> tuple[str, str]:
+            return _ids()
+
+    ray_serve._instrument(Ingress, {}, None, 1.0)
+    ingress = Ingress.__new__(Ingress)
+    headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+    with TRACER.start_as_current_span("serve's own root") as span:  # another trace
+        assert (TRACE_ID, PARENT_ID) == ingress(_Request(headers))
+    parent = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(int(TRACE_ID, 16), int(PARENT_ID, 16), True, trace.TraceFlags(1))
+        )
+    )
+    with TRACER.start_as_current_span("serve's span", context=parent) as span:  # the same
+        sc = span.get_span_context()
+        assert (TRACE_ID, f"{sc.span_id:016x}") == ingress(_Request(headers))
+
+
 def test_batch_attributes_each_batch_to_its_requests(replica_context: None) -> None:
     """Concurrent requests batched by serve.batch: one profkit batch, a member per request
     in its own span, shares by weight summing to 1, each request its own answer."""

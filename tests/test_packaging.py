@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,14 @@ def test_an_extra_set_up_apart_is_installed_by_its_script_in_ci(extra: str, scri
 def test_each_command_sets_up_its_own_extra(script: str, extra: str) -> None:
     """./scripts/demo installs the demo extra only; ./scripts/test the dev extras."""
     assert f"./scripts/setup {extra}" in (ROOT / script).read_text("utf-8").splitlines()
+
+
+def test_the_ray_serve_integration_without_ray_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Imported where Ray is not installed, it raises an ImportError naming the extra."""
+    for name in ("ray", "ray.serve"):
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package imports as
+    monkeypatch.delitem(sys.modules, "profkit.integrations.ray_serve", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'profkit\[ray\]'"):
+        importlib.import_module("profkit.integrations.ray_serve")

@@ -25,16 +25,21 @@ from urllib.parse import urlsplit
 MAX_REQUESTS = 100_000
 
 
-def post(url: str, trace_id: str, parent_id: str, tokens: list[int]) -> dict[str, Any]:
-    """One request in trace ``trace_id`` under span ``parent_id``; its JSON answer, or an
-    ``{"error": ...}``."""
+def post(
+    url: str,
+    trace_id: str,
+    parent_id: str,
+    tokens: list[int],
+    sampled: bool = True,
+    traceparent: bool = True,
+) -> dict[str, Any]:
+    """One request in trace ``trace_id`` under span ``parent_id`` (a sampled one, or not;
+    without ``traceparent``, in no trace); its JSON answer, or an ``{"error": ...}``."""
+    headers = {"content-type": "application/json"}
+    if traceparent:
+        headers["traceparent"] = f"00-{trace_id}-{parent_id}-{'01' if sampled else '00'}"
     request = urllib.request.Request(
-        url,
-        data=json.dumps({"tokens": tokens}).encode(),
-        headers={
-            "content-type": "application/json",
-            "traceparent": f"00-{trace_id}-{parent_id}-01",
-        },
+        url, data=json.dumps({"tokens": tokens}).encode(), headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -45,17 +50,22 @@ def post(url: str, trace_id: str, parent_id: str, tokens: list[int]) -> dict[str
 
 
 def send(
-    url: str, traces: list[tuple[str, str]], concurrency: int = 16, seed: int = 0
+    url: str,
+    traces: list[tuple[str, str]],
+    concurrency: int = 16,
+    seed: int = 0,
+    unsampled: set[str] | frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """Send one request per ``(trace id, parent span id)``, ``concurrency`` at a time."""
+    """Send one request per ``(trace id, parent span id)``, ``concurrency`` at a time; those
+    whose trace id is in ``unsampled`` say their trace is not sampled."""
     rng = random.Random(seed)
     payloads = [[rng.randrange(64) for _ in range(rng.randrange(4, 17))] for _ in traces]
+    jobs = [
+        (trace_id, parent, tokens, trace_id not in unsampled)
+        for (trace_id, parent), tokens in zip(traces, payloads, strict=True)
+    ]
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(
-            pool.map(
-                lambda a: post(url, a[0][0], a[0][1], a[1]), zip(traces, payloads, strict=True)
-            )
-        )
+        return list(pool.map(lambda job: post(url, *job), jobs))
 
 
 def main() -> int:

@@ -86,21 +86,33 @@ def _attach(args: tuple[Any, ...], sent: Any) -> Token[otel_context.Context] | N
 def _request_context(args: Iterable[Any] = (), sent: Any = None) -> otel_context.Context | None:
     """The OTel context this replica's current request belongs to, or None when the current
     one already is (or there is none). ``args``: the method's arguments (a Starlette
-    ``Request`` among them gives its headers); ``sent``: what a :func:`traced` handle sent."""
-    if _serve_tracing_on():
-        if trace.get_current_span().get_span_context().is_valid:
-            return None  # Ray Serve attached its own span: the request's trace
-        # Ray Serve leaves no context for a request it did not sample: not ours either
-        return trace.set_span_in_context(NonRecordingSpan(_unsampled()))
+    ``Request`` among them gives its headers); ``sent``: what a :class:`traced` handle sent.
+
+    The request's own W3C context (headers, a traced handle's carrier) is its trace and its
+    caller's sampling decision. With Ray Serve's tracing on, Ray Serve's current span is the
+    parent when it is in that trace (or there is none to compare); a span of Ray Serve's in
+    another trace lost the request's parent on the way (Ray 2.60's proxy and router run on
+    loops of their own), so the request's context wins; no span of Ray Serve's and no
+    context of the request's: Ray Serve did not sample it, and neither does profkit.
+    """
     carrier = _carrier(sent)
     if carrier is None:
         for arg in args:
             carrier = _headers(arg)
             if carrier is not None:
                 break
-    if not carrier:
-        return None
-    return propagate.extract(carrier)
+    ctx = propagate.extract(carrier) if carrier else None
+    if not _serve_tracing_on():
+        return ctx
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid:
+        theirs = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
+        if theirs is None or not theirs.is_valid or theirs.trace_id == current.trace_id:
+            return None  # Ray Serve's span, in the request's trace
+        return ctx
+    if ctx is not None and trace.get_current_span(ctx).get_span_context().is_valid:
+        return ctx
+    return trace.set_span_in_context(NonRecordingSpan(_unsampled()))
 
 
 def _serve_tracing_on() -> bool:
@@ -144,7 +156,7 @@ class traced:
     ``traced(handle).remote(x)``, ``traced(handle).method.remote(x)`` and
     ``traced(handle).options(...)`` are the handle's own, with the current context (the
     request's, in an instrumented replica) injected into :data:`TRACE_KWARG` when there is
-    one and Ray Serve's own tracing is off (on, Ray Serve carries its context itself). The
+    one (with Ray Serve's tracing on too: its router does not always carry it). The
     deployment called must be a :func:`replica` (its ``__call__`` and public methods take
     the keyword out); a method whose name starts with ``_`` is called as it is.
     """
@@ -163,7 +175,7 @@ class traced:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """The handle's ``remote``, with the caller's trace context."""
         public = self.method == "__call__" or not self.method.startswith("_")
-        if public and TRACE_KWARG not in kwargs and not _serve_tracing_on():
+        if public and TRACE_KWARG not in kwargs:
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
             if carrier.get("traceparent"):
