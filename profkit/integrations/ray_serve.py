@@ -34,16 +34,16 @@ what cannot be pickled: ``{"tracer_provider": ..., "meter_provider": ...}``.
 Each method of the class (``__call__`` and the public ones) runs in the trace of its
 request (profkit's root calls are children of its span, and skipped in an unsampled trace):
 
-* Ray Serve's own tracing on (``serve.start(tracing_config=...)``,
-  ``RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH``): Ray Serve's context (its
-  ``replica_handle_request`` span) is the parent; a request Ray Serve did not sample (it
-  leaves no context) is an unsampled trace for profkit too.
-* Off: the W3C ``traceparent`` (and ``baggage``) of the HTTP request, for a method given
-  the request (a Starlette ``Request``); for a call through a :func:`traced` handle, the
-  caller's context, which the handle sends as the keyword argument :data:`TRACE_KWARG` (a
-  W3C carrier) and the receiving method's wrapper takes out again. So a :func:`traced`
-  handle calls deployments that are ``@replica`` themselves (Ray's own
-  ``_ray_trace_ctx`` keyword cannot carry it: Ray refuses it while Ray's tracing is off).
+* the request's own W3C context: the ``traceparent`` (and ``tracestate``, ``baggage``) of
+  the HTTP request, for a method given the request (a Starlette ``Request``); for a call
+  through a :func:`traced` handle, the caller's context, which the handle sends as the
+  keyword argument :data:`TRACE_KWARG` and the receiving method's wrapper takes out again
+  (so a :func:`traced` handle calls deployments that are ``@replica`` themselves: Ray's own
+  ``_ray_trace_ctx`` keyword cannot carry it, Ray refuses it while Ray's tracing is off);
+* with Ray Serve's own tracing on (``serve.start(tracing_config=...)``,
+  ``RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH``): Ray Serve's current span, where it is in
+  the request's trace; a request with no context of its own that Ray Serve did not sample
+  (it leaves no span) is an unsampled trace for profkit too.
 
 :func:`batch` replaces ``@serve.batch``: each request takes a :func:`profkit.batch_member`
 token in its own context, and the batch body runs in ``profkit.batch(label, members)``.
