@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +63,39 @@ def test_demo_extra_is_only_what_the_demo_needs() -> None:
     assert expected == names("demo")
 
 
+#: extras too large for every developer's ``.[dev]``, each installed by a script of its own
+#: that ./scripts/test runs in CI (their tests skip with a reason without them)
+APART = {"ray": "scripts/setup-ray"}
+
+
 def test_dev_extra_covers_every_other_extra() -> None:
-    """``.[dev]`` (the test command's) installs everything the other extras do."""
-    others = set().union(*(names(e) for e in EXTRAS if e != "dev"))
+    """``.[dev]`` (the test command's) installs everything the other extras do, but those
+    set up apart."""
+    others = set().union(*(names(e) for e in EXTRAS if e != "dev" and e not in APART))
     assert set() == others - names("dev")
+    assert set() == set(APART) - set(EXTRAS)
+
+
+@pytest.mark.parametrize(("extra", "script"), sorted(APART.items()))
+def test_an_extra_set_up_apart_is_installed_by_its_script_in_ci(extra: str, script: str) -> None:
+    """Its script installs the extra into .venv; ./scripts/test runs the script in CI."""
+    assert f'-e ".[{extra}]"' in (ROOT / script).read_text("utf-8")
+    test_lines = [line.strip() for line in (ROOT / "scripts/test").read_text("utf-8").splitlines()]
+    assert any(line.startswith(f"./{script}") for line in test_lines)
 
 
 @pytest.mark.parametrize(("script", "extra"), [("scripts/demo", "demo"), ("scripts/test", "dev")])
 def test_each_command_sets_up_its_own_extra(script: str, extra: str) -> None:
     """./scripts/demo installs the demo extra only; ./scripts/test the dev extras."""
     assert f"./scripts/setup {extra}" in (ROOT / script).read_text("utf-8").splitlines()
+
+
+def test_the_ray_serve_integration_without_ray_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Imported where Ray is not installed, it raises an ImportError naming the extra."""
+    for name in ("ray", "ray.serve"):
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package imports as
+    monkeypatch.delitem(sys.modules, "profkit.integrations.ray_serve", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'profkit\[ray\]'"):
+        importlib.import_module("profkit.integrations.ray_serve")
