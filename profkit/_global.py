@@ -293,6 +293,16 @@ def flush_ahead(timeout: float) -> bool:
     return _flush(timeout, False)
 
 
+def write_off(reason: str, grace_s: float) -> int:
+    """Count what the global session (and any still closing) has not exported yet as
+    dropped for ``reason``, the window in flight given ``grace_s``; returns how many calls
+    (the FastAPI integration's, after the application's shutdown: uvicorn then re-raises
+    SIGTERM and the process ends without exit hooks)."""
+    with _configure_lock:
+        sessions = [get_session(), *_closing]
+    return sum(s.write_off(reason, grace_s) for s in sessions if s is not None)
+
+
 def close_idle_here() -> None:
     """Close the window that waits on this thread for more calls (``window`` > 1), of the
     global session or one still closing, so that a flush on another thread exports it (the

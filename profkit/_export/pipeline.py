@@ -219,7 +219,33 @@ class ExportPipeline(WorkerLoop):
             if self.fanout.guard.current is not None:
                 self.check_worker()
 
-    def _drain(self) -> int:
+    def write_off(self, reason: str, grace: Deadline) -> int:
+        """Count every call handed off and not exported yet as dropped for ``reason``, and
+        go on with a fresh worker: the process is about to end without exit hooks (uvicorn
+        re-raises SIGTERM after the application's shutdown). The queue is drained first;
+        the window the worker holds gets until ``grace`` to finish, then its worker is
+        abandoned (its late result discarded). Returns how many calls were written off."""
+        with self._lock:
+            if self._closed:
+                return 0  # (shutdown counted everything)
+        lost = self._drain(reason)
+        with self._idle:  # the window in flight: counted as it ends, if it ends in time
+            while self._ledger.pending > 0 and not grace.passed:
+                self._idle.wait(grace.wait_arg())
+        with hold_signals(), self._lock, self._ledger.lock:
+            left = self._ledger.pending
+            if left <= 0 or self._ledger.abandoned or self._worker_id is None:
+                return lost
+            self.fanout.guard.abandon(self._worker_id)
+            self._ledger.pending = 0
+            self._ledger.losses += 1
+            self.stats.drop(reason, left)
+            self._worker = self._worker_id = None
+            self._busy = (self._busy[0], 0)
+            self._ensure_worker()
+        return lost + left
+
+    def _drain(self, reason: str = "shutdown") -> int:
         """Count what the worker has not taken yet as dropped; returns how many calls."""
         total = 0
         while True:
@@ -227,8 +253,10 @@ class ExportPipeline(WorkerLoop):
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return total
-            if item is not STOP:
-                n = item.recorded  # type: ignore[attr-defined]
-                self.lose(item, "shutdown")  # type: ignore[arg-type]
-                total += n
-                self._settle(n)
+            if item is STOP:  # (closed meanwhile: the worker's, put back)
+                self._queue.put(STOP)
+                return total
+            n = item.recorded  # type: ignore[attr-defined]
+            self.lose(item, reason)  # type: ignore[arg-type]
+            total += n
+            self._settle(n)

@@ -113,10 +113,14 @@ class DeadlineGuard:
             late = TimeoutError(f"exporter {step.name!r} took longer than {timeout}s")
             return False, late
         step.waited_out = False
-        try:
-            with self._lock:
+        with self._lock:
+            if not worker.abandoned:  # (written off before its call began: no call)
                 self.current = (worker, step, time.monotonic() + timeout)
                 step.busy = True
+        if not step.busy:
+            step.gate.release()
+            raise Abandoned
+        try:
             try:
                 outcome: tuple[bool, Any] = (True, not_awaitable(fn()))
             except BaseException as exc:  # an exporter's, whatever it is: contained
@@ -132,6 +136,17 @@ class DeadlineGuard:
         if worker.abandoned:
             raise Abandoned
         return outcome
+
+    def abandon(self, worker: Worker) -> None:
+        """Abandon ``worker`` whatever it is doing (its window was written off): it calls
+        no exporter from now on, and the exporter it is in, if any, is hung until it
+        returns."""
+        with self._lock:
+            worker.abandoned = True
+            current = self.current
+            if current is not None and current[0] is worker:
+                current[1].hung = True
+                self.current = None
 
     def overdue(self) -> tuple[Any, Progress | None] | None:
         """The window and its progress, when the worker's current call ran past its

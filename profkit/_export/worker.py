@@ -55,7 +55,7 @@ class WorkerLoop:
                 if not worker.abandoned:
                     total, since = self._busy
                     self._busy = (total + time.perf_counter_ns() - since, 0)
-        while True:
+        while not worker.abandoned:
             item = self._queue.get()
             if item is STOP:
                 return
@@ -67,11 +67,12 @@ class WorkerLoop:
             try:
                 self._handle(item, None, worker)  # type: ignore[arg-type]  # (not STOP: a window)
             except Abandoned:
-                return  # its window was counted; another worker has the queue
+                return  # its window went on elsewhere or was counted; another has the queue
             finally:
                 if not worker.abandoned:
                     total, since = self._busy
                     self._busy = (total + time.perf_counter_ns() - since, 0)
+        # (abandoned: its window was written off after it was counted; another has the queue)
 
     def _handle(self, win: StoppedWindow, progress: Progress | None, worker: Worker) -> None:
         cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
@@ -82,10 +83,11 @@ class WorkerLoop:
             with guard(self.stats, "worker"):
                 exported, why, complete = self._export(win, progress, worker)
                 reason = why or "no_summary"  # recorded calls that left no summary
-            self._ledger.count(recorded, exported, reason, complete)
+            if self._ledger.count(recorded, exported, reason, complete, worker):
+                recorded = 0  # (settled with the count)
         finally:
-            if not worker.abandoned:  # (else the fresh worker goes on with it)
-                worker.win = None
+            if not worker.abandoned:  # (else a fresh worker goes on with it, or it was
+                worker.win = None  # written off)
                 self._finish(win, recorded, cpu0)
 
     def _finish(self, win: StoppedWindow, recorded: int, cpu0: float) -> None:
@@ -150,17 +152,22 @@ class Ledger:
         #: shutdown gave up on the window in flight and counted its calls ("shutdown")
         self.abandoned = False
 
-    def count(self, recorded: int, exported: int, reason: str, complete: bool) -> None:
-        """Count a window's calls, unless shutdown already counted them (abandoned)."""
+    def count(
+        self, recorded: int, exported: int, reason: str, complete: bool, worker: Worker
+    ) -> bool:
+        """Count a window's calls and settle them, as one step, unless shutdown counted
+        them already (abandoned) or ``worker`` was abandoned (its window written off)."""
         with self.lock:
-            if self.abandoned:
-                return
+            if self.abandoned or worker.abandoned:
+                return False
             if recorded and (recorded > exported or not complete):
                 self.losses += 1
             if exported:
                 self.stats.add("exported", exported)
             if recorded > exported:
                 self.stats.drop(reason, recorded - exported)
+            self.pending -= recorded
+            return True
 
     def settle(self, recorded: int) -> None:
         with self.lock:
