@@ -294,13 +294,10 @@ def flush_ahead(timeout: float) -> bool:
 
 
 def write_off(reason: str, grace_s: float) -> int:
-    """Count what the global session (and any still closing) has not exported yet as
-    dropped for ``reason``, the window in flight given ``grace_s``; returns how many calls
-    (the FastAPI integration's, after the application's shutdown: uvicorn then re-raises
-    SIGTERM and the process ends without exit hooks)."""
+    """Count what the global session and any closing one did not export yet as dropped."""
     with _configure_lock:
-        sessions = [get_session(), *_closing]
-    return sum(s.write_off(reason, grace_s) for s in sessions if s is not None)
+        sessions = [s for s in (get_session(), *_closing) if s is not None]
+    return sum(s.pipeline.write_off(reason, Deadline(grace_s)) for s in sessions)
 
 
 def close_idle_here() -> None:
@@ -309,10 +306,9 @@ def close_idle_here() -> None:
     FastAPI integration's: its flush runs in the thread pool, the window waits on the
     event loop's thread)."""
     with _configure_lock:
-        sessions = [get_session(), *_closing]
+        sessions = [s for s in (get_session(), *_closing) if s is not None]
     for session in sessions:
-        if session is not None:
-            session.close_idle_window()
+        session.close_idle_window()
 
 
 def _flush(seconds: float, answering: bool) -> bool:

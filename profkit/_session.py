@@ -232,11 +232,6 @@ class Session(Decider):
         """Whether no profkit span failed OTLP export since this was last asked."""
         return not self.stats.grown_since_asked("otlp_spans_failed", asking)
 
-    def write_off(self, reason: str, grace_s: float) -> int:
-        """Count the calls handed off and not exported yet as dropped (``reason``); the
-        window in flight gets ``grace_s`` to finish first. Returns how many."""
-        return self.pipeline.write_off(reason, Deadline(grace_s))
-
     def close_idle_window(self) -> None:
         """Close this session's window that waits for more calls (``window`` > 1), if any."""
         close_idle(self.keeper)

@@ -31,7 +31,7 @@ from .._deadline import Deadline
 from .._records import StoppedWindow
 from .._stats import Stats
 from .._weak import at_fork_in_child_weakly
-from .fanout import Fanout, Progress, Worker
+from .fanout import Fanout, Worker
 from .processing import Processor
 from .worker import STOP, Ledger, WorkerLoop
 
@@ -132,37 +132,6 @@ class ExportPipeline(WorkerLoop):
         """Start the worker now (``configure()``), so the first sampled call does not."""
         with self._lock:
             self._ensure_worker()
-
-    def _ensure_worker(self) -> None:
-        """Start the worker unless it runs (call with ``_lock`` held)."""
-        if self._worker is None and not self._closed:
-            self._start_worker(None)
-
-    def _start_worker(self, resume: tuple[StoppedWindow, Progress] | None) -> None:
-        """Start a worker that first goes on with ``resume`` (call with ``_lock`` held)."""
-        worker = Worker()
-        self._worker_id = worker
-        self._worker = threading.Thread(
-            target=self._run, args=(worker, resume), name="profkit-export", daemon=True
-        )
-        self._worker.start()
-
-    def check_worker(self) -> None:
-        """If the worker is in an exporter call past its deadline: leave that worker to
-        exit when the call returns, and start a fresh one, which goes on with the window
-        from the next exporter (the window counted ``export_timeout:<name>``) and then takes
-        the queue. One clock read when the call is within its time."""
-        with hold_signals():  # (the request path: all of it, or none of it)
-            found = self.fanout.guard.overdue()
-            if found is None:
-                return
-            win, progress = found
-            with self._lock:
-                total, since = self._busy
-                self._busy = (total + (time.perf_counter_ns() - since if since else 0), 0)
-                # (even after shutdown closed the queue: the window is finished and counted,
-                # then the fresh worker takes shutdown's stop)
-                self._start_worker((win, progress) if win is not None and progress else None)
 
     # -- control ----------------------------------------------------------------------------
 
