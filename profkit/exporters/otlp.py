@@ -10,7 +10,10 @@ keyword arguments), with one addition: the span exporter is wrapped in a
 batches are not counted; a span of profkit's that the processor's full queue drops counts
 there too, with ``error_reasons["otlp_queue_full"]``) instead of only in the OTel SDK's
 log, and ``profkit.force_flush()`` / ``profkit.shutdown()`` return False when profkit spans
-failed since the last of them.
+failed since the last of them. A sampled call whose span failed is not counted
+``exported``: it moves to ``dropped`` (``otlp_export_failed`` / ``otlp_queue_full``).
+profkit's own flush and shutdown flush the processors built here wherever they were added
+(the application's global provider too), so what failed is known before they return.
 
 The OTLP exporter packages are optional: ``pip install 'profkit[otlp]'``.
 """
