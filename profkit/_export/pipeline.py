@@ -105,9 +105,8 @@ class ExportPipeline(WorkerLoop):
     def offer(self, win: StoppedWindow) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
-        if (
-            self.fanout.guard.current is not None
-        ):  # the worker is in an exporter: past its deadline?
+        current = self.fanout.guard.current  # the worker is in an exporter: overdue?
+        if current is not None and time.monotonic() >= current[2]:
             self.check_worker()
         with self._lock:
             if self._closed or self._queue.qsize() >= self._queue_size:
