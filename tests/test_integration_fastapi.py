@@ -338,6 +338,51 @@ def test_sigterm_with_slow_span_export_counts_what_it_could_not_deliver(tmp_path
     assert 0 < lost
 
 
+def test_what_the_shutdown_flush_left_is_counted_and_said_then_export_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exporter slower than the shutdown flush: after the app's shutdown the calls not
+    exported are counted dropped ("shutdown") and one stderr line says so; the process lives
+    on and a fresh worker exports later calls."""
+    import profkit.integrations.fastapi as integration
+
+    monkeypatch.setattr(integration, "SHUTDOWN_FLUSH_S", 0.3)
+    monkeypatch.setattr(integration, "WRITE_OFF_GRACE_S", 5.0)  # (in export: ends in time)
+    delivered: list[int] = []
+
+    class Slow:
+        name = "slow"
+
+        def export(self, summary: profkit.WindowSummary) -> None:
+            time.sleep(0.2)
+            delivered.append(len(summary.calls))
+
+    app = FastAPI()
+
+    @app.get("/predict")
+    def predict() -> dict[str, float]:
+        return {"sum": float(torch.ones(4).sum())}
+
+    assert 1 == instrument_app(app)
+    profkit.configure(
+        sample_every=1, cold_calls=0, exporters=(), extra_exporters=(Slow(),), queue_size=64
+    )
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] * 10 == _get_all(url, ["/predict"] * 10)
+    stats = profkit.stats()
+    lost = stats["dropped_reasons"].get("shutdown", 0)
+    assert 0 < lost
+    assert stats["sampled"] == sum(delivered) + lost == stats["exported"] + stats["dropped"]
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("profkit: ")]
+    said = f"profkit: {lost} sampled calls not exported when the application shut down"
+    assert [said] == [x[: len(said)] for x in lines]
+    before = sum(delivered)
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] == _get_all(url, ["/predict"])
+        assert profkit.force_flush(10.0) is False  # (the calls lost at the first shutdown)
+    assert before + 1 == sum(delivered)
+
+
 def test_the_apps_own_shutdown_still_says_false_after_the_integrations_flush() -> None:
     """instrument_app flushes ahead of the app's shutdown code; that flush leaves the answer
     to the app's own ``profkit.shutdown()``, which says False for windows an exporter failed
