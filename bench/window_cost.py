@@ -15,7 +15,9 @@ export worker and the exporter threads count) of each:
 
 Per window = (batch CPU - bare batch CPU) / calls. The ratio profkit / torch raw is taken
 round by round (two rounds' absolute times differ more on a busy machine than the two
-batches of one round do); the table gives its median and quartiles. Target: at most 1.3.
+batches of one round do); the table gives its median and quartiles. Target: at most 1.8
+(issue 37, start/stop windows). profkit's threads: the request thread and the export worker,
+which makes the spans and calls the exporters itself.
 
     PYTHONPATH=. .venv/bin/python bench/window_cost.py [--quick] [--json]
 """
@@ -36,8 +38,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import profkit
 
-#: issue 22: per-window process CPU at most this times torch's raw start+call+stop
-TARGET_RATIO = 1.3
+#: issue 37: per-window process CPU at most this times torch's raw start+call+stop, with
+#: start/stop windows (issue 22 asked 1.3, which issue 37 keeps for a resident session)
+TARGET_RATIO = 1.8
 
 
 def _body() -> Any:

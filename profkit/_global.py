@@ -293,16 +293,22 @@ def flush_ahead(timeout: float) -> bool:
     return _flush(timeout, False)
 
 
+def write_off(reason: str, grace_s: float) -> int:
+    """Count what the global session and any closing one did not export yet as dropped."""
+    with _configure_lock:
+        sessions = [s for s in (get_session(), *_closing) if s is not None]
+    return sum(s.pipeline.write_off(reason, Deadline(grace_s)) for s in sessions)
+
+
 def close_idle_here() -> None:
     """Close the window that waits on this thread for more calls (``window`` > 1), of the
     global session or one still closing, so that a flush on another thread exports it (the
     FastAPI integration's: its flush runs in the thread pool, the window waits on the
     event loop's thread)."""
     with _configure_lock:
-        sessions = [get_session(), *_closing]
+        sessions = [s for s in (get_session(), *_closing) if s is not None]
     for session in sessions:
-        if session is not None:
-            session.close_idle_window()
+        session.close_idle_window()
 
 
 def _flush(seconds: float, answering: bool) -> bool:

@@ -184,6 +184,14 @@ class Stats:
             self._counts["dropped"] += n
             self.dropped_reasons[reason] += n
 
+    def unexport(self, reason: str, n: int = 1) -> None:
+        """``n`` calls counted ``exported`` never left after all (their spans failed on the
+        wire, after the span step ended them): ``dropped`` for ``reason`` instead."""
+        with self._lock:
+            self._counts["exported"] -= n
+            self._counts["dropped"] += n
+            self.dropped_reasons[reason] += n
+
     def error(self, reason: str, exc: BaseException | None, n: int = 1) -> None:
         with self._lock:
             self._counts["errors"] += n

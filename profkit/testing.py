@@ -93,7 +93,9 @@ def capture(**settings: Any) -> Iterator[Capture]:
     settings.setdefault("max_per_minute", None)
     extra = tuple(settings.pop("extra_exporters", ()))
     config = build_config(
-        {"tracer_provider": provider, "extra_exporters": (*extra, exporter), **settings}
+        # first: the worker calls exporters in order, and a hung one of the test's own
+        # must not keep the summaries from the capture
+        {"tracer_provider": provider, "extra_exporters": (exporter, *extra), **settings}
     )
     session = Session(config)
     previous = install(session)

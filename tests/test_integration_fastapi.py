@@ -287,6 +287,102 @@ def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Pa
     assert stats["exported"] == spans.count("/work"), (stats, len(spans))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_sigterm_with_slow_span_export_counts_what_it_could_not_deliver(tmp_path: Path) -> None:
+    """40 sampled calls, 0.2 s a span, SIGTERM: the shutdown flush delivers what it can in
+    its time; the rest are counted dropped and one line on stderr says how many and why."""
+    script = Path(__file__).parent / "scripts" / "serving_sigterm_slow_spans.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")) if p
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port_file = tmp_path / "port"
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}/work"
+        with httpx.Client(timeout=10) as client:
+            for _ in range(60):  # a server socket bound but not yet listening refuses
+                with contextlib.suppress(httpx.ConnectError):
+                    client.get(url)
+                    break
+                time.sleep(0.05)
+            (tmp_path / "hold").touch()  # from now on each span takes 0.2 s
+            for _ in range(40):
+                assert 200 == client.get(url).status_code
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stats = json.loads((tmp_path / "stats").read_text())
+    delivered = (tmp_path / "spans").read_text().splitlines().count("/work")
+    lines = [line for line in err.splitlines() if line.startswith("profkit: ")]
+    assert 1 == len(lines), err[-3000:]
+    lost = int(lines[0].split()[1])
+    assert "shutdown" in lines[0]
+    assert 41 == stats["sampled"]
+    assert stats["sampled"] == delivered + lost + stats["dropped"], (delivered, lost, stats)
+    assert 0 < lost
+
+
+def test_what_the_shutdown_flush_left_is_counted_and_said_then_export_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exporter slower than the shutdown flush: after the app's shutdown the calls not
+    exported are counted dropped ("shutdown") and one stderr line says so; the process lives
+    on and a fresh worker exports later calls."""
+    import profkit.integrations.fastapi as integration
+
+    monkeypatch.setattr(integration, "SHUTDOWN_FLUSH_S", 0.3)
+    monkeypatch.setattr(integration, "WRITE_OFF_GRACE_S", 5.0)  # (in export: ends in time)
+    delivered: list[int] = []
+
+    class Slow:
+        name = "slow"
+
+        def export(self, summary: profkit.WindowSummary) -> None:
+            time.sleep(0.2)
+            delivered.append(len(summary.calls))
+
+    app = FastAPI()
+
+    @app.get("/predict")
+    def predict() -> dict[str, float]:
+        return {"sum": float(torch.ones(4).sum())}
+
+    assert 1 == instrument_app(app)
+    profkit.configure(
+        sample_every=1, cold_calls=0, exporters=(), extra_exporters=(Slow(),), queue_size=64
+    )
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] * 10 == _get_all(url, ["/predict"] * 10)
+    stats = profkit.stats()
+    lost = stats["dropped_reasons"].get("shutdown", 0)
+    assert 0 < lost
+    assert stats["sampled"] == sum(delivered) + lost == stats["exported"] + stats["dropped"]
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("profkit: ")]
+    said = f"profkit: {lost} sampled calls not exported when the application shut down"
+    assert [said] == [x[: len(said)] for x in lines]
+    before = sum(delivered)
+    with serve(app, lifespan="on") as url:
+        assert [(200, '{"sum":4.0}')] == _get_all(url, ["/predict"])
+        assert profkit.force_flush(10.0) is False  # (the calls lost at the first shutdown)
+    assert before + 1 == sum(delivered)
+
+
 def test_the_apps_own_shutdown_still_says_false_after_the_integrations_flush() -> None:
     """instrument_app flushes ahead of the app's shutdown code; that flush leaves the answer
     to the app's own ``profkit.shutdown()``, which says False for windows an exporter failed

@@ -1,144 +1,38 @@
-"""Fan-out: one summary to every exporter, spans first, each exporter on its own runner.
+"""Fan-out: one summary to every exporter, spans first, all called by the export worker.
 
 The span step runs before any exporter: it makes the spans and returns the summary with
-each call's trace and span ids, which every exporter then receives at once (so log events
-carry the call's span id whatever the order of ``exporters``). Each exporter runs on a
-daemon thread of its own, so one that hangs is cut off by ``export_timeout`` (and skipped
-while it is still stuck) and a slow one adds its time to none of the others'; the worker
-waits for all of them (one window at a time). ``flush`` and ``shutdown`` call every
-exporter at once and share the caller's one deadline across them.
+each call's trace and span ids, which every exporter then receives (so log events carry the
+call's span id whatever the order of ``exporters``). The worker calls the span step and
+then each exporter itself, in order, under the deadline guard (:mod:`.steps`): no thread
+per exporter, so a sampled call is touched by two threads, its own and the worker. A hung
+exporter is still cut off at ``export_timeout`` and refuses windows while it is stuck.
+``flush`` and ``shutdown`` call every exporter at once, each on a runner thread of its own
+started on the first of them (:mod:`.runner`), and share the caller's one deadline.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import _compat
-from .._config import Config, ProfkitConfigWarning
+from .._config import ProfkitConfigWarning
 from .._deadline import Deadline
 from .._errors import guard
 from .._model import CallSummary, WindowSummary
 from .._stats import Stats
 from ..exporters import Exporter
-from ..exporters.console import ConsoleExporter, JsonLinesExporter
-from ..exporters.logs import LogExporter
 from ..exporters.otel import SpanExporter
+from .adapt import build_exporters, flushes
 from .runner import Runner as _Runner
-from .runner import name_of
+from .steps import Abandoned, DeadlineGuard, Progress, Step, Worker, gated
 
-__all__ = ["Fanout", "build_exporters"]
+__all__ = ["Abandoned", "Fanout", "Progress", "Worker", "build_exporters"]
 
 #: an exporter's shutdown() is called even after the deadline passed, and waited for this long
 _MIN_SHUTDOWN_S = 0.01
-
-
-class _Adapted(Exporter):
-    """An object with ``export()`` that does not subclass :class:`Exporter` (duck-typed), or
-    a subclass whose ``force_flush`` / ``shutdown`` take no ``timeout`` seconds first.
-
-    Its optional ``force_flush`` and ``shutdown`` are looked up once, here.
-    """
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-        self.name = name_of(target)
-        self._flush = getattr(target, "force_flush", None)
-        inherited = isinstance(target, Exporter) and not _flushes(target)  # (the base's no-op)
-        self.flushes = self._flush is not None and not inherited
-        self._flush_arg = _timeout_arg(self._flush)
-        self._stop = getattr(target, "shutdown", None)
-        self._stop_arg = _timeout_arg(self._stop)
-
-    def export(self, summary: WindowSummary) -> Any:
-        return self.target.export(summary)
-
-    def force_flush(self, timeout: float = 5.0) -> Any:  # (the runner judges the result)
-        if self._flush is None:
-            return True
-        args, kwargs = self._flush_arg(timeout)
-        return self._flush(*args, **kwargs)
-
-    def shutdown(self, timeout: float = 5.0) -> Any:
-        if self._stop is not None:
-            args, kwargs = self._stop_arg(timeout)
-            return self._stop(*args, **kwargs)
-        return None
-
-
-def _flushes(exporter: Exporter) -> bool:
-    """Whether ``exporter`` has a ``force_flush`` of its own (else there is nothing to flush)."""
-    if isinstance(exporter, _Adapted):
-        return exporter.flushes
-    return type(exporter).force_flush is not Exporter.force_flush
-
-
-def _timeout_arg(fn: Callable[..., Any] | None) -> Callable[[float], tuple[Any, Any]]:
-    """How to pass a timeout in seconds to ``fn`` as (args, kwargs): not at all (no
-    parameter), as seconds, or as milliseconds when its parameter says so (OpenTelemetry's
-    ``timeout_millis``), by position or by keyword as its signature takes it."""
-    try:
-        params = list(inspect.signature(fn).parameters.values()) if fn is not None else []
-    except (TypeError, ValueError):
-        params = []
-    params = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not params:
-        return lambda timeout: ((), {})
-    first = params[0]
-    millis = "millis" in first.name
-
-    def value(timeout: float) -> float | int:
-        return int(timeout * 1000) if millis else timeout
-
-    if first.kind is first.KEYWORD_ONLY:  # force_flush(self, *, timeout=...)
-        return lambda timeout: ((), {first.name: value(timeout)})
-    return lambda timeout: ((value(timeout),), {})
-
-
-def build_exporters(config: Config) -> tuple[SpanExporter | None, list[Exporter]]:
-    """The span step ("otel" in ``exporters``) and the other exporters, in order."""
-    spans: SpanExporter | None = None
-    out: list[Exporter] = []
-    for name in config.exporters:
-        if name == "otel":
-            spans = SpanExporter(
-                config.tracer_provider,
-                watch=_compat.watch_provider_shutdown,
-                shut_down=_compat.provider_shut_down,
-            )
-        elif name == "log":
-            out.append(LogExporter(config.logger))
-        elif name == "console":
-            out.append(ConsoleExporter())
-        elif name == "json":
-            out.append(JsonLinesExporter())
-    out.extend(e if _takes_seconds(e) else _Adapted(e) for e in config.extra_exporters)
-    return spans, out
-
-
-def _takes_seconds(exporter: Any) -> bool:
-    """An :class:`Exporter` whose ``force_flush`` and ``shutdown`` take ``timeout`` seconds
-    first, as the base class's (else it is adapted: no parameter, OpenTelemetry's
-    ``timeout_millis``, keyword-only)."""
-    if not isinstance(exporter, Exporter):
-        return False
-    for method in ("force_flush", "shutdown"):
-        fn = getattr(type(exporter), method)
-        if fn is not getattr(Exporter, method):
-            try:
-                params = list(inspect.signature(fn).parameters.values())[1:]  # (self)
-            except (TypeError, ValueError):
-                return False
-            if not params or params[0].name != "timeout" or params[0].kind not in _POSITIONAL:
-                return False
-    return True
-
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 class Fanout:
@@ -156,86 +50,93 @@ class Fanout:
         #: told which calls were delivered (``metrics``: their op rows and exemplars)
         self._on_delivered = on_delivered
         self._timeout = export_timeout
-        self._spans = _Runner(spans, stats) if spans is not None else None
-        #: the span step's flush (the provider's) on a thread of its own: one that hangs on a
-        #: dead collector then holds up no later window's spans (a provider is thread-safe)
+        self._spans = Step(spans, stats) if spans is not None else None
+        #: the span step's flush (the provider's) on a thread of its own, ungated: one that
+        #: hangs on a dead collector then holds up no later window's spans (a provider is
+        #: thread-safe)
         self._span_flush = _Runner(spans, stats, "otel-flush") if spans is not None else None
-        self._runners = [_Runner(e, stats) for e in exporters]
+        self._steps = [Step(e, stats) for e in exporters]
         self._warned_no_provider = False
         #: windows given to the exporters, and how many of them the last good flush covered
         self._exported = self._flushed = 0
         self._shutdown_lock = threading.RLock()  # (a signal handler's shutdown: re-entered)
         self._shut: bool | None = None  # the first shutdown's answer
+        self.guard = DeadlineGuard(stats, export_timeout)  # the worker's exporter call
 
-    def _all(self) -> list[_Runner]:
-        return ([self._spans] if self._spans is not None else []) + self._runners
+    def _all(self) -> list[Step]:
+        return ([self._spans] if self._spans is not None else []) + self._steps
 
-    def _flushers(self) -> list[_Runner]:
-        return ([self._span_flush] if self._span_flush is not None else []) + self._runners
-
-    def export(self, summary: WindowSummary) -> tuple[int, str | None, bool]:
-        """:meth:`_export`, then tell ``on_delivered`` which calls were delivered."""
+    def export(
+        self, summary: WindowSummary, worker: Worker, progress: Progress | None = None
+    ) -> tuple[int, str | None, bool]:
+        """:meth:`_export` (from ``progress``: a window an abandoned worker left), then tell
+        ``on_delivered`` which calls were delivered. Raises :class:`Abandoned` on a worker
+        abandoned meanwhile (a fresh one goes on with the window)."""
+        progress = progress or Progress(summary)
+        worker.progress = progress
+        done = False
         try:
-            result, summary = self._export(summary)
+            result = self._export(progress, worker)
+            done = True
         finally:  # counted once its spans and exports are done: a flush after this covers it
-            self._exported += 1
+            if done or not worker.abandoned:
+                self._exported += 1
+                worker.progress = None
         if self._on_delivered is not None and result[0]:
-            calls = summary.calls
+            calls = progress.summary.calls
             if result[0] < len(calls):  # spans only: the calls with a recording span
                 calls = tuple(c for c in calls if c.span_id)
             with guard(self.stats, "metrics"):
                 self._on_delivered(calls)
         return result
 
-    def _export(self, summary: WindowSummary) -> tuple[tuple[int, str | None, bool], WindowSummary]:
-        """Spans first, then every exporter: (calls delivered, why the others were not,
-        whether every exporter and the span step took every call).
+    def _export(self, progress: Progress, worker: Worker) -> tuple[int, str | None, bool]:
+        """Spans first, then every exporter in order: (calls delivered, why the others were
+        not, whether every exporter and the span step took every call).
 
         A call is delivered when every exporter took it and it reached at least one place:
         a recording span, or an exporter (log events, console, yours). A failing exporter
         fails the window's calls (the last failure is the reason), as before. With no
         exporter and no span step at all a call is delivered nowhere ("no_exporter").
         """
-        failure = None
-        spans_ok = True
-        why_not = "span_not_recording"
-        dormant = False
-        if self._spans is not None:
-            spans = self._spans.exporter
-            assert isinstance(spans, SpanExporter)
-            ok, result = self._run(self._spans, functools.partial(spans.emit, summary))
-            if ok:
-                summary = result  # calls now carry their span's trace and span ids
-                spans_ok = all(c.span_id for c in summary.calls)
-                why_not = spans.why_not_recording
-                # no provider given and none set (the first run): the span step waits for
-                # one, quietly, while another exporter delivers (Logfire's console default)
-                dormant = spans.default_provider and bool(self._runners)
-                if dormant:
-                    spans_ok = True
-                elif not spans_ok and spans.default_provider:
-                    self._warn_no_provider()
+        steps = self._all()
+        while progress.next < len(steps):
+            step = steps[progress.next]
+            if step is self._spans:
+                spans = step.exporter
+                assert isinstance(spans, SpanExporter)
+                ok, result = self._call(
+                    worker, step, functools.partial(spans.emit, progress.summary)
+                )
+                if ok:
+                    progress.summary = result  # calls now carry their span's trace and span ids
+                    progress.spans_ok = all(c.span_id for c in result.calls)
+                    progress.why_not = spans.why_not_recording
+                    if spans.default_provider and self._steps:
+                        # no provider given and none set (the first run): the span step
+                        # waits for one, quietly, while another exporter delivers
+                        progress.spans_ok = True
+                    elif not progress.spans_ok and spans.default_provider:
+                        self._warn_no_provider()
             else:
-                failure = result
-        if failure is not None:
-            spans_ok = False
-        # every exporter at once: a slow one adds its time to none of the others'
-        jobs = [(r, r.submit(functools.partial(r.exporter.export, summary))) for r in self._runners]
-        deadline = Deadline(self._timeout)
-        for runner, job in jobs:
-            ok, result = self._ended(runner, runner.wait(job, deadline.wait_arg()))
+                fn = functools.partial(step.exporter.export, progress.summary)
+                ok, result = self._call(worker, step, fn)
+            progress.next += 1
             if not ok:
-                failure = result
-        if failure is not None:
-            return (0, failure, False), summary
-        if self._runners:
+                progress.failure = result
+        summary, why_not = progress.summary, progress.why_not
+        if progress.failure is not None:
+            return 0, progress.failure, False
+        if self._steps:
             missing = sum(1 for c in summary.calls if not c.span_id)
-            if self._spans is not None and missing and not dormant:  # not as spans: say why
+            made = self._spans.exporter if self._spans is not None else None
+            waiting = isinstance(made, SpanExporter) and made.default_provider
+            if made is not None and missing and not waiting:  # not as spans: say why
                 self.stats.error(why_not, None, missing)
-            return (len(summary.calls), None, spans_ok), summary
+            return len(summary.calls), None, progress.spans_ok
         if self._spans is None:
-            return (0, "no_exporter", False), summary
-        return (sum(1 for c in summary.calls if c.span_id), why_not, spans_ok), summary
+            return 0, "no_exporter", False
+        return sum(1 for c in summary.calls if c.span_id), why_not, progress.spans_ok
 
     def _warn_no_provider(self) -> None:
         """Spans went to the API's default no-op provider: say so once per session."""
@@ -250,17 +151,25 @@ class Fanout:
                 stacklevel=2,
             )
 
-    def _run(self, runner: _Runner, fn: Callable[[], Any]) -> tuple[bool, Any]:
-        """(True, ``fn``'s result), or (False, the drop reason) when it failed or timed out."""
-        return self._ended(runner, runner.call(fn, self._timeout))
+    def _call(self, worker: Worker, step: Step, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """``fn`` (``step``'s export) under the guard: (True, its result), or (False, the
+        drop reason) when it failed, timed out, or the exporter is busy."""
+        return self._ended(step, self.guard.call(worker, step, fn))
 
-    def _ended(self, runner: _Runner, outcome: tuple[bool, Any]) -> tuple[bool, Any]:
+    def _ended(self, step: Step, outcome: tuple[bool, Any]) -> tuple[bool, Any]:
         finished, result = outcome
         if finished and not isinstance(result, BaseException):
             return True, result
-        reason = f"{'export_error' if finished else 'export_timeout'}:{runner.name}"
+        reason = f"{'export_error' if finished else 'export_timeout'}:{step.name}"
         self.stats.error(reason, result)
         return False, reason
+
+    def _flushers(self) -> list[tuple[_Runner, threading.Lock | None]]:
+        """Each runner that flushes, with the gate it takes (the span step's flush: none)."""
+        out: list[tuple[_Runner, threading.Lock | None]] = []
+        if self._span_flush is not None:
+            out.append((self._span_flush, None))
+        return out + [(s.runner, s.gate) for s in self._steps if flushes(s.exporter)]
 
     def flush(self, deadline: Deadline) -> bool:
         """Flush every exporter at once within the one deadline; True when all succeeded (at
@@ -269,8 +178,7 @@ class Fanout:
         exported = self._exported
         if exported == self._flushed:
             return True
-        runners = [r for r in self._flushers() if _flushes(r.exporter)]  # (else none buffered)
-        ok = self._settle("flush", deadline, runners, "force_flush")
+        ok = self._settle("flush", deadline, self._flushers(), "force_flush")
         if ok:
             self._flushed = max(self._flushed, exported)
         return ok
@@ -282,26 +190,34 @@ class Fanout:
         ``configure()`` retiring it) waits for the first and gives its answer."""
         with self._shutdown_lock:
             if self._shut is None:
-                ok = self._settle("shutdown", deadline, self._all(), "shutdown", _MIN_SHUTDOWN_S)
-                for runner in self._all():
-                    runner.close()
+                steps = [(s.runner, s.gate) for s in self._all()]
+                ok = self._settle("shutdown", deadline, steps, "shutdown", _MIN_SHUTDOWN_S)
+                for step in self._all():
+                    step.runner.close()
                 if self._span_flush is not None:
                     self._span_flush.close()
                 self._shut = ok
             return self._shut
 
     def _settle(
-        self, what: str, deadline: Deadline, runners: list[_Runner], method: str, least: float = 0
+        self,
+        what: str,
+        deadline: Deadline,
+        runners: Sequence[tuple[_Runner, threading.Lock | None]],
+        method: str,
+        least: float = 0,
     ) -> bool:
         """Call ``method`` of every runner's exporter at once with the time left as it starts
-        (at most ``MAX_GIVEN_S``: a number it can use), then wait for each against
-        ``deadline``."""
+        (at most ``MAX_GIVEN_S``: a number it can use), once its gate is free, then wait for
+        each against ``deadline``."""
         jobs = []
-        for runner in runners:
+        for runner, gate in runners:
             if deadline.passed and not least:
                 jobs.append((runner, (False, TimeoutError(f"no time left for {runner.name!r}"))))
                 continue
             fn = getattr(runner.exporter, method)  # given the time left as it starts
+            if gate is not None:
+                fn = functools.partial(gated, gate, fn)
             jobs.append((runner, runner.submit(fn, what == "flush", deadline)))
         ok = True
         for runner, job in jobs:
@@ -315,10 +231,11 @@ class Fanout:
         return ok
 
     def at_fork_reinit(self) -> None:
-        """In a forked child: the runner threads did not survive the fork; new ones, lazily
-        (and a lock another thread held at the fork is a new one)."""
+        """In a forked child: no worker nor runner thread survived the fork; new steps
+        (their threads start lazily; a lock another thread held at the fork is a new one)."""
         self._shutdown_lock = threading.RLock()
+        self.guard = DeadlineGuard(self.stats, self._timeout)
         if self._spans is not None:
-            self._spans = _Runner(self._spans.exporter, self.stats)
+            self._spans = Step(self._spans.exporter, self.stats)
             self._span_flush = _Runner(self._spans.exporter, self.stats, "otel-flush")
-        self._runners = [_Runner(r.exporter, self.stats) for r in self._runners]
+        self._steps = [Step(s.exporter, self.stats) for s in self._steps]

@@ -3,7 +3,10 @@
 Shaped like OpenTelemetry's ``BatchProcessor``: one object owns the queue, the thread, the
 count of calls not yet exported, and its own re-initialisation in a forked child. Unlike it,
 flush and shutdown share ONE deadline across every step (waiting for the queue, the worker,
-each exporter), and a hung exporter is still cut off (see :mod:`profkit._export.fanout`).
+each exporter), and a hung exporter is still cut off: the worker calls the exporters itself
+(:mod:`profkit._export.fanout`), and one stuck past ``export_timeout`` is noticed by the
+next window offered or by a flush or shutdown waiting; its worker is then abandoned (its
+window counted ``export_timeout:<name>``) and a fresh worker takes the queue.
 
 Every recorded call handed to :meth:`offer` ends counted exactly once: ``exported`` (it
 reached a recording span or an exporter took it), or ``dropped`` with a reason
@@ -18,30 +21,27 @@ the previous call was exported by every exporter and the span step (docs/reliabi
 
 from __future__ import annotations
 
-import gc
 import queue
 import threading
 import time
 from collections.abc import Callable
 
+from .._compat import hold_signals
 from .._deadline import Deadline
-from .._errors import guard
 from .._records import StoppedWindow
 from .._stats import Stats
 from .._weak import at_fork_in_child_weakly
-from .fanout import Fanout
+from .fanout import Fanout, Worker
 from .processing import Processor
+from .worker import STOP, Ledger, WorkerLoop
 
 __all__ = ["ExportPipeline"]
 
-_STOP = object()
-#: collect garbage on the worker every this many windows (torch's repeated sessions leak cycles)
-_GC_EVERY = 25
-#: seconds the worker waits after taking a window before it summarises it
-_HANDOFF_GRACE_S = 0.001
+#: longest wait of a flush between looks at the worker's deadline (a hung exporter)
+_GUARD_S = 0.05
 
 
-class ExportPipeline:
+class ExportPipeline(WorkerLoop):
     """Queue, worker and flush/shutdown for the stopped windows of one session."""
 
     def __init__(
@@ -67,10 +67,11 @@ class ExportPipeline:
         # lock and the block that releases it (a Python-level Condition or queue.Queue can)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        self._worker_id: Worker | None = None
         # re-entrant, as every lock the request path takes: a signal handler calling profkit
         self._lock = threading.RLock()  # inside the block goes on; orders offer vs shutdown
         self._closed = False
-        self._ledger = _Ledger(self.stats)
+        self._ledger = Ledger(self.stats)
         self._idle = threading.Condition()  # the worker notifies, flush waits: no request
         self._windows_done = 0
         #: (the worker's busy wall ns over all windows so far, when the current window's work
@@ -104,6 +105,9 @@ class ExportPipeline:
     def offer(self, win: StoppedWindow) -> None:
         """Queue a stopped window for export, or count its calls as dropped."""
         recorded = win.recorded
+        current = self.fanout.guard.current  # the worker is in an exporter: overdue?
+        if current is not None and time.monotonic() >= current[2]:
+            self.check_worker()
         with self._lock:
             if self._closed or self._queue.qsize() >= self._queue_size:
                 self.lose(win, "shutdown" if self._closed else "queue_full")
@@ -128,69 +132,6 @@ class ExportPipeline:
         with self._lock:
             self._ensure_worker()
 
-    def _ensure_worker(self) -> None:
-        """Start the worker unless it runs (call with ``_lock`` held)."""
-        if self._worker is None and not self._closed:
-            self._worker = threading.Thread(target=self._run, name="profkit-export", daemon=True)
-            self._worker.start()
-
-    # -- worker -----------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            # let the thread that handed the window off return from its call first: woken
-            # at once, the worker takes the GIL at the call's next release (freeing a tensor
-            # can release it) and the sampled request waits out a whole switch interval
-            time.sleep(_HANDOFF_GRACE_S)
-            self._busy = (self._busy[0], time.perf_counter_ns())
-            try:
-                self._handle(item)  # type: ignore[arg-type]  # (not _STOP: a window)
-            finally:
-                total, since = self._busy
-                self._busy = (total + time.perf_counter_ns() - since, 0)
-
-    def _handle(self, win: StoppedWindow) -> None:
-        cpu0 = time.thread_time()  # profkit's CPU time: what max_overhead bounds
-        recorded = win.recorded
-        try:
-            exported, reason, complete = 0, "worker_error", False
-            with guard(self.stats, "worker"):
-                exported, why, complete = self._export(win)
-                reason = why or "no_summary"  # recorded calls that left no summary
-            self._ledger.count(recorded, exported, reason, complete)
-        finally:
-            try:
-                win.release()  # events and kineto results freed now, by reference counting
-                self._windows_done += 1
-                if self._windows_done % _GC_EVERY == 0:
-                    # young generations only: what release() leaves in cycles is small, and a
-                    # full collection holds the GIL (every request thread) for hundreds of ms
-                    gc.collect(1)
-                self._after_each()
-            finally:
-                # charged before a flush waiting for this window can return
-                self.stats.cpu.charge(time.thread_time() - cpu0)
-                self._settle(recorded)
-
-    def _settle(self, recorded: int) -> None:
-        """``recorded`` handed-off calls are counted now; wake whoever flushes."""
-        self._ledger.settle(recorded)
-        with self._idle:
-            self._idle.notify_all()
-
-    def _export(self, win: StoppedWindow) -> tuple[int, str | None, bool]:
-        """Summarise and export one window: (calls delivered, why the others were not,
-        whether every exporter and the span step took every call)."""
-        summary = self.processor.summarise(win)
-        if isinstance(summary, str):
-            return 0, summary, False
-        if not summary.calls:
-            return 0, _empty_reason(win), win.recorded == 0
-        return self.fanout.export(summary)
-
     # -- control ----------------------------------------------------------------------------
 
     def force_flush(self, deadline: Deadline, answering: bool = True) -> bool:
@@ -204,7 +145,10 @@ class ExportPipeline:
                 if deadline.passed:
                     counted = False
                     break
-                self._idle.wait(deadline.wait_arg())
+                wait = deadline.wait_arg()
+                self._idle.wait(_GUARD_S if wait is None else min(wait, _GUARD_S))
+                if self.fanout.guard.current is not None:
+                    self.check_worker()
         flushed = counted and self.fanout.flush(deadline)
         return (self._ledger.answer(mark) if answering else self._ledger.losses <= mark) and flushed
 
@@ -221,14 +165,55 @@ class ExportPipeline:
         if self._drain():  # calls left behind
             flushed = False
         if worker is not None:
-            self._queue.put(_STOP)  # closed: nothing is queued after it
-            worker.join(deadline.wait_arg())
-            if worker.is_alive() and self._ledger.abandon():
+            self._queue.put(STOP)  # closed: nothing is queued after it
+            self._join(deadline)
+            worker = self._worker  # (a fresh one, when the first was abandoned meanwhile)
+            if worker is not None and worker.is_alive() and self._ledger.abandon():
                 flushed = False
                 self._settle(0)  # a flush waiting on another thread for that window: wake it
         return self.fanout.shutdown(deadline) and flushed
 
-    def _drain(self) -> int:
+    def _join(self, deadline: Deadline) -> None:
+        """Wait for the worker to exit, within ``deadline``, cutting one hung in an exporter
+        past ``export_timeout`` (its window counted then, as any other's)."""
+        while True:
+            worker = self._worker
+            if worker is None:
+                return
+            wait = deadline.wait_arg()
+            worker.join(_GUARD_S if wait is None else min(wait, _GUARD_S))
+            if not worker.is_alive() or deadline.passed:
+                return
+            if self.fanout.guard.current is not None:
+                self.check_worker()
+
+    def write_off(self, reason: str, grace: Deadline) -> int:
+        """Count every call handed off and not exported yet as dropped for ``reason``, and
+        go on with a fresh worker: the process is about to end without exit hooks (uvicorn
+        re-raises SIGTERM after the application's shutdown). The queue is drained first;
+        the window the worker holds gets until ``grace`` to finish, then its worker is
+        abandoned (its late result discarded). Returns how many calls were written off."""
+        with self._lock:
+            if self._closed:
+                return 0  # (shutdown counted everything)
+        lost = self._drain(reason)
+        with self._idle:  # the window in flight: counted as it ends, if it ends in time
+            while self._ledger.pending > 0 and not grace.passed:
+                self._idle.wait(grace.wait_arg())
+        with hold_signals(), self._lock, self._ledger.lock:
+            left = self._ledger.pending
+            if left <= 0 or self._ledger.abandoned or self._worker_id is None:
+                return lost
+            self.fanout.guard.abandon(self._worker_id)
+            self._ledger.pending = 0
+            self._ledger.losses += 1
+            self.stats.drop(reason, left)
+            self._worker = self._worker_id = None
+            self._busy = (self._busy[0], 0)
+            self._ensure_worker()
+        return lost + left
+
+    def _drain(self, reason: str = "shutdown") -> int:
         """Count what the worker has not taken yet as dropped; returns how many calls."""
         total = 0
         while True:
@@ -236,73 +221,10 @@ class ExportPipeline:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return total
-            if item is not _STOP:
-                n = item.recorded  # type: ignore[attr-defined]
-                self.lose(item, "shutdown")  # type: ignore[arg-type]
-                total += n
-                self._settle(n)
-
-
-def _empty_reason(win: StoppedWindow) -> str | None:
-    """Why a window's calls left no summary: ``interrupted`` when each ended by an exception
-    before its first scope was recorded (a signal's, landing between the decision and the
-    scope), else None (``no_summary``)."""
-    calls = [c for c in win.calls if not c.warmup and c.policy.exported]
-    if calls and all(c.error is not None and not c.scopes for c in calls):
-        return "interrupted"
-    return None
-
-
-class _Ledger:
-    """The calls handed off and not counted yet, and how many times a window was lost (not
-    exported by every exporter), so each flush can say whether one was lost since the
-    previous flush returned; ``lock`` guards them."""
-
-    def __init__(self, stats: Stats) -> None:
-        self.stats = stats
-        self.lock = threading.RLock()  # (re-entrant: see ExportPipeline._init_state)
-        self.pending = 0
-        #: windows lost so far, and how many of them the last flush to return answered for
-        self.losses = self.mark = 0
-        #: shutdown gave up on the window in flight and counted its calls ("shutdown")
-        self.abandoned = False
-
-    def count(self, recorded: int, exported: int, reason: str, complete: bool) -> None:
-        """Count a window's calls, unless shutdown already counted them (abandoned)."""
-        with self.lock:
-            if self.abandoned:
-                return
-            if recorded and (recorded > exported or not complete):
-                self.losses += 1
-            if exported:
-                self.stats.add("exported", exported)
-            if recorded > exported:
-                self.stats.drop(reason, recorded - exported)
-
-    def settle(self, recorded: int) -> None:
-        with self.lock:
-            if not self.abandoned:
-                self.pending -= recorded
-
-    def note_loss(self) -> None:
-        with self.lock:
-            self.losses += 1
-
-    def answer(self, mark: int) -> bool:
-        """A flush that began after the flush that answered for ``mark`` losses returns:
-        True when none was lost since (flushes that overlap a loss all say so)."""
-        with self.lock:
-            lost = self.losses > mark
-            self.mark = max(self.mark, self.losses)
-        return not lost
-
-    def abandon(self) -> int:
-        """Count the calls of the window the worker is still exporting as dropped
-        ("shutdown"); the worker then leaves them uncounted. Returns how many."""
-        with self.lock:
-            left, self.pending = self.pending, 0
-            self.abandoned = True
-            if left > 0:
-                self.losses += 1
-                self.stats.drop("shutdown", left)
-        return max(left, 0)
+            if item is STOP:  # (closed meanwhile: the worker's, put back)
+                self._queue.put(STOP)
+                return total
+            n = item.recorded  # type: ignore[attr-defined]
+            self.lose(item, reason)  # type: ignore[arg-type]
+            total += n
+            self._settle(n)

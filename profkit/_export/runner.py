@@ -1,4 +1,5 @@
-"""An exporter's own thread: its calls queue there, so one that hangs can be timed out.
+"""An exporter's own thread for its flush and shutdown: they queue there, so one that hangs
+can be timed out (exports are called by the export worker itself: :mod:`.fanout`).
 
 See :class:`Runner`. A job whose every waiter gave up before it started is cancelled, so a
 window counted dropped is never delivered after all; an ``async def`` exporter method (whose
@@ -23,7 +24,7 @@ from .._stats import Stats
 from .._text import clean
 from ..exporters import Exporter
 
-__all__ = ["Runner", "name_of"]
+__all__ = ["Runner", "name_of", "not_awaitable"]
 
 
 #: longest exporter name profkit writes (thread names, ``stats()`` reason keys)
@@ -104,7 +105,7 @@ class Runner:
                 job.started = True
             cpu0 = time.thread_time()
             try:
-                job.result = _not_awaitable(job.run())
+                job.result = not_awaitable(job.run())
             except BaseException as exc:
                 job.result = exc
             finally:
@@ -180,12 +181,12 @@ class Runner:
                 self._jobs.put(None)  # after every job queued: they run, then the thread ends
 
 
-def _not_awaitable(result: Any) -> Any:
+def not_awaitable(result: Any) -> Any:
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # (no "never awaited" warning on top of the error)
         raise TypeError(
-            "an exporter method returned an awaitable: profkit calls exporters on threads of "
-            "their own, so export, force_flush and shutdown must be plain (not async def)"
+            "an exporter method returned an awaitable: profkit calls exporters from threads of "
+            "its own, so export, force_flush and shutdown must be plain (not async def)"
         )
     return result

@@ -24,6 +24,7 @@ from .._text import clip
 from .._version import __version__
 from . import Exporter
 from ._batch import batch_links, member_attributes, scaled_rows, without_ids
+from ._counters import flush_owned
 from ._rows import call_extras
 
 __all__ = ["TRACER_NAME", "SpanExporter", "op_attributes", "op_table", "scope_attributes"]
@@ -250,10 +251,11 @@ class SpanExporter(Exporter):
         the service's spans (seconds with a collector down). A provider passed to
         ``configure(tracer_provider=...)`` was handed to profkit, so profkit flushes it.
         """
+        millis = int(min(timeout, MAX_GIVEN_S) * 1000)
         flush = getattr(self._provider, "force_flush", None)
-        if flush is None:
-            return True
-        return bool(flush(int(min(timeout, MAX_GIVEN_S) * 1000)))
+        if flush is None:  # the global provider: only the OTLP processors profkit built
+            return flush_owned(millis)
+        return bool(flush(millis))
 
 
 def _member_spans(

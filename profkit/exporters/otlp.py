@@ -10,7 +10,10 @@ keyword arguments), with one addition: the span exporter is wrapped in a
 batches are not counted; a span of profkit's that the processor's full queue drops counts
 there too, with ``error_reasons["otlp_queue_full"]``) instead of only in the OTel SDK's
 log, and ``profkit.force_flush()`` / ``profkit.shutdown()`` return False when profkit spans
-failed since the last of them.
+failed since the last of them. A sampled call whose span failed is not counted
+``exported``: it moves to ``dropped`` (``otlp_export_failed`` / ``otlp_queue_full``).
+profkit's own flush and shutdown flush the processors built here wherever they were added
+(the application's global provider too), so what failed is known before they return.
 
 The OTLP exporter packages are optional: ``pip install 'profkit[otlp]'``.
 """
@@ -29,7 +32,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from ._counters import DEFAULT, Counters
+from ._counters import DEFAULT, OWNED, Counters, unexport
 from .otel import TRACER_NAME
 
 __all__ = ["PROTOCOLS", "CountingBatchSpanProcessor", "CountingSpanExporter", "otlp_span_processor"]
@@ -43,6 +46,8 @@ FAILED_REASON = "otlp_export_failed"
 SPANS_FAILED = "otlp_spans_failed"
 #: the error reason counted once per profkit span a full processor queue dropped
 QUEUE_FULL_REASON = "otlp_queue_full"
+#: the attribute only a call's own span carries (not its regions', not a batch member's)
+_CALL_ATTRIBUTE = "profkit.call.index"
 
 _MODULES = {
     "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
@@ -57,6 +62,25 @@ _PACKAGES = {
 def _is_profkits(span: ReadableSpan) -> bool:
     scope = span.instrumentation_scope
     return scope is not None and scope.name == TRACER_NAME
+
+
+def _is_a_calls(span: ReadableSpan) -> bool:
+    """Whether ``span`` is the span of a sampled call (one per call profkit counted)."""
+    attributes = span.attributes
+    return attributes is not None and _CALL_ATTRIBUTE in attributes and _is_profkits(span)
+
+
+def _count_failed(stats: Counters, spans: Sequence[ReadableSpan], reason: str) -> bool:
+    """Count profkit's spans among ``spans`` as failed, and the calls they carried (counted
+    exported when their spans ended) as dropped for ``reason``; False when none was profkit's."""
+    ours = sum(1 for span in spans if _is_profkits(span))
+    if not ours:
+        return False
+    stats.add(SPANS_FAILED, ours)
+    calls = sum(1 for span in spans if _is_a_calls(span))
+    if calls:
+        unexport(stats, reason, calls)
+    return True
 
 
 class CountingSpanExporter(SpanExporter):
@@ -88,9 +112,7 @@ class CountingSpanExporter(SpanExporter):
             error, result = exc, SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             stats = self._counters()
-            ours = sum(1 for span in spans if _is_profkits(span))
-            if stats is not None and ours:
-                stats.add(SPANS_FAILED, ours)
+            if stats is not None and _count_failed(stats, spans, FAILED_REASON):
                 stats.error(FAILED_REASON, error)
         return result
 
@@ -175,12 +197,20 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         queue = getattr(inner, "_queue", None)
         if type(queue) is collections.deque and queue.maxlen is not None:
             inner._queue = _DropSeeingQueue(queue, queue.maxlen, self._dropped)  # type: ignore[union-attr]
+        OWNED.add(self)  # profkit's force_flush() and shutdown() flush it, wherever it is
+
+    def shutdown(self) -> None:
+        OWNED.discard(self)  # (a shut-down processor's flush says False: nothing to flush)
+        super().shutdown()  # type: ignore[no-untyped-call]
 
     def _dropped(self, span: Any) -> None:
         exporter = self.span_exporter
         counters = exporter._counters() if isinstance(exporter, CountingSpanExporter) else None
-        if counters is not None and isinstance(span, ReadableSpan) and _is_profkits(span):
-            counters.add(SPANS_FAILED, 1)
+        if (
+            counters is not None
+            and isinstance(span, ReadableSpan)
+            and _count_failed(counters, [span], QUEUE_FULL_REASON)
+        ):
             counters.error(QUEUE_FULL_REASON, None)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any
@@ -85,6 +86,8 @@ _EMPTY_WARNED: dict[int, Any] = {}
 """The apps ``instrument_app`` warned about having no routes (once each; kept alive)."""
 #: seconds the flush on application shutdown may take
 SHUTDOWN_FLUSH_S = 5.0
+#: seconds the window in export after the application's shutdown code still gets
+WRITE_OFF_GRACE_S = 1.0
 
 #: the environment variable ``add_trigger_route`` reads its token from, when not given one
 TOKEN_ENV = "PROFKIT_TRIGGER_TOKEN"
@@ -158,9 +161,25 @@ def _flush_on_shutdown(app: FastAPI, relabel: Callable[[], int]) -> None:
                 _global.close_idle_here()
                 # (its answer is left to the app's own shutdown() or force_flush())
                 await run_in_threadpool(_global.flush_ahead, SHUTDOWN_FLUSH_S)
+        # the app's shutdown code ran: under uvicorn the process now dies by SIGTERM without
+        # exit hooks, and what is not exported yet with it: counted and said, not lost
+        lost = await run_in_threadpool(_global.write_off, "shutdown", WRITE_OFF_GRACE_S)
+        if lost:
+            _say_lost(lost)
 
     router.lifespan_context = lifespan
     _FLUSHING[id(router)] = router
+
+
+def _say_lost(lost: int) -> None:
+    """One line on stderr: how many sampled calls the application's shutdown left behind."""
+    with contextlib.suppress(Exception):  # (a closed stderr: the counters still say it)
+        sys.stderr.write(
+            f"profkit: {lost} sampled call{'s' if lost != 1 else ''} not exported when the "
+            f"application shut down (the exporters were still busy after the "
+            f"{SHUTDOWN_FLUSH_S:g} s shutdown flush): counted dropped ('shutdown')\n"
+        )
+        sys.stderr.flush()
 
 
 def _api_routes(app: FastAPI) -> Iterator[tuple[str, Any]]:

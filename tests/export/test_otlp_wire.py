@@ -159,8 +159,8 @@ def test_stopped_receiver_breaks_nothing_and_drops_are_counted(
     stats = session.stats.snapshot()
     assert stats["otlp_spans_failed"] == 3 * SPANS_PER_CALL
     assert stats["error_reasons"]["otlp_export_failed"] >= 1
-    assert stats["exported"] == 5
-    assert stats["dropped"] == 0
+    assert stats["exported"] == 2  # the calls whose spans never left are not exported
+    assert {"otlp_export_failed": 3} == stats["dropped_reasons"]
     assert len(memory.get_finished_spans()) == 5 * SPANS_PER_CALL
     assert len(delivered) == len(rx.spans())
     assert profkit.shutdown(10.0)
@@ -183,7 +183,7 @@ def test_failed_profkit_spans_make_shutdown_report_failure(
     assert not profkit.shutdown(10.0)
     stats = profkit.stats()
     assert 2 * SPANS_PER_CALL == stats["otlp_spans_failed"]
-    assert 2 == stats["exported"]  # handed to recording spans; the wire failed after that
+    assert (0, 2) == (stats["exported"], stats["dropped_reasons"]["otlp_export_failed"])
     provider.shutdown()
 
 
@@ -362,11 +362,15 @@ def test_spans_a_full_processor_queue_drops_are_counted(monkeypatch: pytest.Monk
         assert not profkit.force_flush(30.0)
         provider.force_flush(30_000)
         stats = session.stats.snapshot()
-        made = stats["exported"] * SPANS_PER_CALL
-        assert 10 == stats["exported"]
+        made = 10 * SPANS_PER_CALL
         assert stats["otlp_spans_failed"] > 0
         assert stats["error_reasons"]["otlp_queue_full"] == stats["otlp_spans_failed"]
         assert made == len(rx.spans()) + stats["otlp_spans_failed"]
+        calls_arrived = sum(1 for s in rx.spans() if s.name == "predict")
+        assert (calls_arrived, 10 - calls_arrived) == (
+            stats["exported"],
+            stats["dropped_reasons"].get("otlp_queue_full", 0),
+        )
         profkit.shutdown(10.0)
         provider.shutdown()
 
@@ -446,3 +450,32 @@ def test_a_span_ended_in_a_signal_handler_inside_the_queue_does_not_hang() -> No
         processor.on_end(_spans(1)[0])
     assert len(queue) == 1
     processor.shutdown()
+
+
+@pytest.fixture
+def global_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[TracerProvider]:
+    """A global TracerProvider (OTel's set-once globals restored afterwards)."""
+    provider = TracerProvider()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    trace.set_tracer_provider(provider)
+    yield provider
+    provider.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_calls_whose_spans_never_left_are_dropped_not_exported(
+    receiver: tuple[str, Receiver, dict[str, Any]], global_provider: TracerProvider
+) -> None:
+    """A dead collector behind profkit's OTLP processor: its calls are dropped, shutdown False."""
+    protocol, rx, kwargs = receiver
+    rx.stop()
+    global_provider.add_span_processor(otlp_span_processor(protocol, **kwargs))
+    profkit.configure(sample_every=1, exporters=("otel",))
+    for _ in range(3):
+        assert torch.equal(EXPECTED, predict(BATCH))
+    assert not profkit.shutdown(10.0)
+    stats = profkit.stats()
+    assert 3 * SPANS_PER_CALL == stats["otlp_spans_failed"]
+    assert (0, 3) == (stats["exported"], stats["dropped"])
+    assert {"otlp_export_failed": 3} == stats["dropped_reasons"]
