@@ -35,6 +35,14 @@ __all__ = ["Abandoned", "Fanout", "Progress", "Worker", "build_exporters"]
 _MIN_SHUTDOWN_S = 0.01
 
 
+_NO_PROVIDER = (
+    "profkit: exporters includes 'otel' but no TracerProvider is set, so no span is recorded "
+    "and every sampled call is dropped (span_not_recording); set one with "
+    "opentelemetry.trace.set_tracer_provider() or pass configure(tracer_provider=...)"
+)
+"""``"otel"`` alone and no provider: nothing can be delivered (said once per session)."""
+
+
 class Fanout:
     """Owns the exporters of a session: export one summary, flush, shut down."""
 
@@ -142,14 +150,7 @@ class Fanout:
         """Spans went to the API's default no-op provider: say so once per session."""
         if not self._warned_no_provider:
             self._warned_no_provider = True
-            warnings.warn(
-                "profkit: exporters includes 'otel' but no TracerProvider is set, so no span "
-                "is recorded and every sampled call is dropped (span_not_recording); set one "
-                "with opentelemetry.trace.set_tracer_provider() or pass "
-                "configure(tracer_provider=...)",
-                ProfkitConfigWarning,
-                stacklevel=2,
-            )
+            warnings.warn(_NO_PROVIDER, ProfkitConfigWarning, stacklevel=2)
 
     def _call(self, worker: Worker, step: Step, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """``fn`` (``step``'s export) under the guard: (True, its result), or (False, the
