@@ -245,10 +245,18 @@ def test_max_window_s_cuts_a_window_on_a_resident_session() -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["fork_loop_thread", "fork_other_thread", "exit_open_loop", "thread_ends", "compiled"],
+    [
+        "fork_loop_thread",
+        "fork_other_thread",
+        "exit_open_loop",
+        "thread_ends",
+        "compiled",
+        "signal_storm",
+    ],
 )
 def test_in_a_fresh_interpreter(case: str) -> None:
     """Fork (from the loop's thread, from another), exit with the loop still open, the
-    loop's thread ending, and a compiled model: exit 0 and the script's checks hold."""
+    loop's thread ending, a compiled model, SIGALRM timeouts in the handlers' bodies: exit 0
+    and the script's checks hold (every timeout caught, the counters, no profiler left)."""
     rc, report, err = run_fresh("resident_cases", case, timeout=240)
     assert (0, True) == (rc, report.get("ok")), (report, err[-2000:])

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 from _fresh import reap, report
@@ -25,13 +26,21 @@ x = torch.randn(8, 16)
 compiled = torch.compile(model, backend="inductor") if sys.argv[1] == "compiled" else model
 
 
+#: set while the handler's own body runs (the signal storm's timeouts land only there)
+in_body = [False]
+
+
 @profkit.profiled("predict")
 async def predict(slow: bool) -> int:
-    with torch.no_grad():
-        for _ in range(20 if slow else 1):
-            compiled(x)
-    if slow:
-        time.sleep(0.03)
+    in_body[0] = True
+    try:
+        with torch.no_grad():
+            for _ in range(20 if slow else 1):
+                compiled(x)
+        if slow:
+            time.sleep(0.03)
+    finally:
+        in_body[0] = False
     await asyncio.sleep(0)
     return 1
 
@@ -125,6 +134,56 @@ elif case == "thread_ends":  # the loop's thread ends with its loop never closed
     thread.join(60)
     after = (SLOT.resident, SLOT.claimed, profiler_on())
     report(ok=kept == [True] and after == (None, False, False), kept=kept, after=str(after))
+
+elif case == "signal_storm":  # SIGALRM timeouts landing in the handler's body, as a request
+    # timeout does (the profiler's state changes on either side of it)
+    import signal
+
+    class Timeout(Exception):
+        pass
+
+    raised = [0]
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if in_body[0] and frame is not None and frame.f_code.co_filename == __file__:
+            in_body[0] = False
+            raised[0] += 1
+            raise Timeout
+
+    async def storm() -> tuple[int, int, bool]:
+        caught = calls = 0
+        kept = False
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.0007, 0.0007)
+        try:
+            for i in range(1500):
+                calls += 1
+                try:
+                    await predict(i % 25 == 24)
+                except Timeout:
+                    caught += 1
+                kept = kept or SLOT.resident is not None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return calls, caught, kept
+
+    calls, caught, kept = asyncio.run(storm())
+    after = (SLOT.resident, SLOT.claimed, profiler_on())
+    stats = profkit.stats()
+    report(
+        ok=kept
+        and caught == raised[0] > 0
+        and stats["root_calls"] == calls
+        and stats["errors"] == 0
+        and after == (None, False, False),
+        caught=caught,
+        calls=calls,
+        windows=stats["windows"],
+        raised=raised[0],
+        roots=stats["root_calls"],
+        errors=stats["error_reasons"],
+        after=str(after),
+    )
 
 elif case == "compiled":  # compiled forwards in speculative windows and between them
 
