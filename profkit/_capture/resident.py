@@ -17,7 +17,7 @@ starts: two at once crash torch), and it is closed on its own thread:
 * when a profiler of anyone else's is about to start (on its thread: at once; from another
   thread its loop is asked to, and that start waits for it, as for a window), when another
   thread's call would open a window (its loop is asked: that call is skipped, the next
-  ones open), at ``shutdown()`` and ``force_flush()``;
+  ones open), at ``shutdown()``;
 * in a forked child it is stopped if it was the forking thread's, else forgotten.
 """
 
