@@ -142,6 +142,11 @@ class Config:
     all_threads: bool = field(default=False, metadata=FLAG)
     """Record every thread, not only the sampled call's (for handlers that offload to pools)."""
 
+    resident: bool = field(default=False, metadata=FLAG)
+    """On an event loop's thread, keep the profiler on between speculative windows with its
+    collection off: a window then costs a toggle, not a start and stop. Off by default: while
+    it is on, code that checks torch's profiler flag (a compiled forward) pays for it."""
+
     top_k: int = field(default=10, metadata=int_in(1, MAX_COUNT))
     """Op rows kept per scope; the rest is folded into one "other" row."""
 

@@ -98,6 +98,7 @@ def configure(
     with_flops: bool | _Unset = UNSET,
     with_stack: bool | _Unset = UNSET,
     all_threads: bool | _Unset = UNSET,
+    resident: bool | _Unset = UNSET,
     top_k: int | _Unset = UNSET,
     max_window_s: float | _Unset = UNSET,
     max_events: int | _Unset = UNSET,

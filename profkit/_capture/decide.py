@@ -235,7 +235,7 @@ class Decider:
         """A pending trigger for ``label``: a window, while the slot is free and the queue has
         room (a closure here, not in ``decide``: its cells would cost every root call)."""
         trig = self.triggered
-        if not trig.applies(label) or SLOT.claimed or self._pipeline.full():
+        if not trig.applies(label) or SLOT.busy() or self._pipeline.full():
             return None
         call = self._keeper.open(Policy.TRIGGER, parent, spend=lambda: trig.take(label))
         if call is not None:

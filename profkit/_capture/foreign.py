@@ -14,6 +14,7 @@ from typing import Any
 
 from .._deadline import Deadline
 from . import hooks as _hooks
+from . import resident as _resident
 from .slot import SLOT
 from .window import foreign_profiler_active
 
@@ -32,7 +33,10 @@ def may_open() -> bool:
     ``torch.profiler.profile`` prepares at its warmup step and starts only at the next
     ``step()``, maybe seconds later, and a window opened over the prepared profiler leaves
     torch without a session for that start (SIGSEGV)."""
-    return not SLOT.foreign_starting and not foreign_profiler_active()
+    if SLOT.foreign_starting:
+        return False
+    res = SLOT.resident  # (its profiler sets torch's flag: this thread's is ours)
+    return not foreign_profiler_active() or (res is not None and res.owner == threading.get_ident())
 
 
 def wait_for_other_thread(keeper: Any, deadline: Deadline) -> None:
@@ -41,8 +45,10 @@ def wait_for_other_thread(keeper: Any, deadline: Deadline) -> None:
     large one takes seconds), so that it is handed off before the pipeline shuts.
 
     It polls: the request path that frees the slot takes no Python-level lock or
-    condition (a signal's exception landing inside one would leave it taken).
+    condition (a signal's exception landing inside one would leave it taken). A resident
+    session steps aside first (closed on this thread; another thread's loop is asked).
     """
+    _resident.step_aside()
     while not deadline.passed:
         win = SLOT.held
         if win is None or win.keeper is not keeper or win.owner == threading.get_ident():
@@ -69,6 +75,8 @@ def _before_foreign_start() -> None:
     limit: Deadline | None = None
     while SLOT.claimed:
         win = SLOT.held
+        if win is None and _resident.step_aside():  # this thread's: closed (else: asked)
+            continue
         if win is not None and win.owner == threading.get_ident():
             win.clobbered = True
             return
@@ -96,7 +104,8 @@ def _after_foreign_start() -> None:
 
 
 def install_hooks() -> None:
-    """Where a session starts: torch's profiler hooks (idempotent)."""
+    """Where a session starts: torch's profiler hooks (idempotent), the resident session's."""
+    _resident.install()
     _hooks.install_profiler_hooks(_before_foreign_start, _after_foreign_start)
 
 

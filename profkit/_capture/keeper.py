@@ -25,6 +25,7 @@ from .._targeting.slow import Speculation
 from .._targeting.verdict import judge
 from . import foreign as _foreign
 from . import hooks as _hooks
+from . import resident as _resident
 from .room import crowded, has_room
 from .slot import SLOT
 from .window import Window, stop_leaked
@@ -106,8 +107,8 @@ class WindowKeeper:
             win = Window(next(self._window_ids), self._config, speculative)
             win.keeper = self
             spare, self.spare = self.spare, None  # built ahead, off the request path
-            with guard(self.stats, "profiler_start"):
-                win.start(spare)
+            with guard(self.stats, "profiler_start"):  # (or this thread's resident session)
+                win.start(spare, _resident.take(win))
             if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
                 if not speculative:
                     self.stats.settle(call, "profiler_start_failed")
@@ -188,7 +189,7 @@ class WindowKeeper:
             cpu0 = time.thread_time()
             stopped = False
             with guard(self.stats, "profiler_stop"):
-                win.stop()
+                win.stop()  # (or kept on, its collection off: :mod:`.resident`)
                 stopped = True
             if win.speculative:
                 self._keep_slow(win, time.thread_time() - cpu0)

@@ -37,6 +37,7 @@ __all__ = [
     "resolve_activities",
     "start_profile",
     "stop_profile",
+    "toggle",
 ]
 
 #: one-event ops timed with and without the profiler to measure recording (a few ms in all)
@@ -109,6 +110,17 @@ def stop_profile(prof: profile) -> None:
         prof.stop()
     else:
         KINETO_BASE.stop(prof)
+
+
+#: the activities a resident session toggles (it is kept for CPU-only profiles)
+_CPU = (ProfilerActivity.CPU,)
+
+
+def toggle(prof: profile, on: bool) -> None:
+    """Turn a running profile's CPU collection on or off on this thread (torch 2.13:
+    ``toggle_collection_dynamic``, µs; it logs one C++ warning on stderr each time, and only
+    the thread that started a thread-local profile can toggle it)."""
+    prof.toggle_collection_dynamic(on, _CPU)
 
 
 def make_profiler(config: Config) -> profile:

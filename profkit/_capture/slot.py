@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from .window import Window
 
@@ -39,11 +40,19 @@ class WindowSlot:
         self._empty_since = 0.0
         #: taken by whoever frees a window on behalf of a thread that cannot (it exited)
         self.reclaim_lock = threading.Lock()
+        #: the resident session (:mod:`profkit._capture.resident`) keeping its thread's claim
+        #: between windows; None when there is none
+        self.resident: Any = None
 
     @property
     def claimed(self) -> bool:
         """Whether a window holds the slot or is starting (claimed, not yet held)."""
         return bool(self._claims) or self.held is not None
+
+    def busy(self) -> bool:
+        """Whether a window holds the slot or is starting (a resident session between windows
+        is not: asked, it steps aside)."""
+        return self.held is not None or (bool(self._claims) and self.resident is None)
 
     def acquire(self) -> bool:
         """Take the slot if it is free; never blocks. A claim orphaned with no window for
@@ -64,6 +73,8 @@ class WindowSlot:
         return claim[0] == me and self.held is None
 
     def _reclaim_if_leaked(self) -> bool:
+        if self.resident is not None:  # kept by a resident session: asked to step aside
+            return bool(self.resident.ask()) and self._take()
         if self.held is not None:
             self._empty_since = 0.0
             return False
@@ -78,8 +89,9 @@ class WindowSlot:
         return self._take()
 
     def occupy(self, win: Window) -> None:
-        """Record the window that now holds the claimed slot."""
+        """Record the window that now holds the claimed slot (on a resident session, if any)."""
         self.held = win
+        self.resident = None
 
     def vacate(self, win: Window | None) -> None:
         """Free the slot that ``win`` held, or this thread's claim that no window got. A slot
@@ -87,9 +99,18 @@ class WindowSlot:
         it), or another thread's claim, is left alone."""
         if win is not None and self.held is win:
             self.held = None
+            if self.resident is None:  # (else kept: the window's profiler stays resident)
+                self._claims.pop(0, None)
+        elif (
+            self.held is None
+            and self.resident is None
+            and self._claims.get(0, (0,))[0] == threading.get_ident()
+        ):
             self._claims.pop(0, None)
-        elif self.held is None and self._claims.get(0, (0,))[0] == threading.get_ident():
-            self._claims.pop(0, None)
+
+    def drop_claim(self) -> None:
+        """Free the claim of a resident session whose thread is gone (nothing to stop)."""
+        self._claims.pop(0, None)
 
     def reset(self) -> None:
         """Fresh state (a forked child: the parent's claim and window are not its own)."""

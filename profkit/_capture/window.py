@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,10 +34,9 @@ from .._config import Config
 from .._errors import retry_once
 from .._records import CallRecord
 from .._summary.events import Unreadable, WindowEvents
-from .._summary.raw import earliest_ops, read_cpu_events, without_frames
+from .._summary.raw import read_cpu_events
 from . import hooks as _hooks
 from .profiler import (
-    cpu_only,
     make_profiler,
     measure_recording,
     not_ours,
@@ -46,7 +44,9 @@ from .profiler import (
     recording,
     start_profile,
     stop_profile,
+    toggle,
 )
+from .reading import read_events
 
 __all__ = [
     "Unreadable",
@@ -58,6 +58,7 @@ __all__ = [
     "recording_cost",
     "started_before_fork",
     "stop_leaked",
+    "stop_resident",
 ]
 
 _primed: set[tuple[str, bool]] = set()
@@ -147,12 +148,15 @@ class Window:
         "deadline",
         "handed",
         "id",
+        "keep",
         "keeper",
         "needed",
         "others",
         "owner",
         "owner_thread",
         "prof",
+        "resident",
+        "resumed_ns",
         "speculative",
         "started_ns",
         "stopped_refs",
@@ -187,6 +191,10 @@ class Window:
         self.handed = False
         #: the session's window owner that opened it (:class:`profkit._capture.keeper.WindowKeeper`)
         self.keeper: Any = None
+        #: its resident session (``_capture/resident.py``), when it went on, what keeps it on
+        self.resident: Any = None
+        self.resumed_ns = 0
+        self.keep: Any = None
 
     @property
     def in_flight(self) -> int:
@@ -203,13 +211,20 @@ class Window:
         not)."""
         return sum(1 for c in self.calls if not c.warmup and c.policy.exported)
 
-    def start(self, prof: profile | None = None) -> None:
-        """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one.
+    def start(self, prof: profile | None = None, resident: Any = None) -> None:
+        """Start the profiler on this thread: ``prof`` if given (built ahead), else a new one;
+        or turn the collection of this thread's ``resident`` session on (no start).
 
         The window owns ``prof`` before it starts, so that an exception landing anywhere
         from here on (a signal's, even on the statement after the start) finds it in
         :meth:`ensure_stopped`; a start that fails leaves no profiler and no kineto state.
         """
+        if resident is not None:  # collection on (one C call; the window owns prof first)
+            self.started_ns = self.resumed_ns = time.time_ns()
+            self.prof, self.resident = resident.prof, resident
+            _unstopped[id(resident.prof)] = (resident.prof, False, self.owner_thread, self)
+            toggle(resident.prof, True)
+            return
         if prof is None:
             prof = make_profiler(self.config)
         self.started_ns = time.time_ns()
@@ -228,8 +243,17 @@ class Window:
                 self.prof = None
             raise
 
+    def pause(self) -> None:
+        """Turn collection off and give the profiler up, left on: a resident session's now."""
+        if self.prof is not None:
+            toggle(self.prof, False)
+        _unstopped.pop(id(self.prof), None)
+        self.prof = None
+
     def stop(self) -> None:
-        """Stop the profiler; the events stay unparsed until the worker reads them."""
+        """Stop the profiler (or ``keep`` keeps it on); the events stay unparsed until read."""
+        if self.keep is not None and self.keep(self):
+            return
         prof = self.prof
         if prof is not None and self.clobbered:  # torch's profiler here is the user's now:
             self.stopped_refs = self.stopped_refs or -1  # stopping "ours" would stop theirs
@@ -280,30 +304,7 @@ class Window:
                 (``foreign_profiler``), or too many events for torch's parser
                 (``too_many_events``).
         """
-        prof, cfg = self.prof, self.config
-        if prof is None:
-            raise Unreadable("no_profile")
-        if self.clobbered:  # torch gives the outer profiler no events once another started
-            raise Unreadable("foreign_profiler")
-        kineto = prof.profiler.kineto_results if prof.profiler is not None else None
-        raw = kineto.events() if kineto is not None else []
-        count = len(raw)  # (torch's parser reads with_stack's Python frames: not left out)
-        raw, cut = earliest_ops(raw, cfg.with_stack and not cfg.profile_memory, cfg.max_events)
-        trace_start = kineto.trace_start_ns() if kineto is not None else self.started_ns
-        events: Sequence[Any] | None = None
-        if not cfg.profile_memory:  # memory records need torch's own parser
-            events = read_cpu_events(
-                raw,
-                cfg.record_shapes,
-                with_flops=cfg.with_flops,
-                cpu_only=cpu_only(cfg.activities),
-                marks={s.label for c in self.calls for s in c.scopes},
-            )
-        if events is None:
-            if count > cfg.max_events:  # torch's parser would read every event
-                raise Unreadable("too_many_events")
-            events = without_frames(prof.events(), cfg.with_stack)  # type: ignore[no-untyped-call]
-        return WindowEvents(count, trace_start, events, cut, count * recording_cost(cfg))
+        return read_events(self, recording_cost(self.config), read_cpu_events)
 
     def write_chrome_trace(self, path: str) -> None:
         """Write the stopped window's Chrome/Perfetto trace to ``path`` (torch's own writer)."""
@@ -369,6 +370,13 @@ def _force_stop(prof: profile, all_threads: bool, finish: bool = False) -> None:
         if foreign_profiler_active() and not _still_enabled_here():
             clear_profiler_flag()
         _unstopped.pop(id(prof), None)
+
+
+def stop_resident(prof: profile) -> None:
+    """Stop a resident session's profiler on its thread (elsewhere: only torch's flag is
+    cleared), its recorded events unread and freed."""
+    _force_stop(prof, False)
+    prof.profiler = None
 
 
 def stop_leaked(stats: Any) -> bool:
