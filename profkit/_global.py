@@ -345,9 +345,8 @@ def forget() -> None:
             DEFAULT.counters = None
 
 
-#: the session and its sampled calls when the exit flush last ran, if it left no window
-#: open: run again once the non-daemon threads have ended, it is skipped if they sampled
-#: nothing meanwhile (a window left open then may have closed since: it runs)
+#: the session and its sampled calls when the exit flush last ran, if it left no window open:
+#: run again once the non-daemon threads ended, it is skipped if they sampled nothing since
 _exit_flushed: list[tuple[Session, int]] = []
 
 
