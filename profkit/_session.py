@@ -130,7 +130,7 @@ class Session(Decider):
         if call.tasks:  # its tasks hold their loop: a waiting window must not keep it alive
             call.tasks = set()
         if self._book is not None:
-            judge(self._book, self.stats, call, self.pipeline.busy_ns)
+            judge(self._book, self.stats, call, self.pipeline.busy_ns, self.keeper.slow_token)
         if self.metrics is not None:
             self.metrics.ended(call, call.scopes[0].label if call.scopes else "?")
         self.keeper.ended(call, self.active)

@@ -36,9 +36,12 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    ``(CONTROLLED, Control)``, not profiled but timed on its thread's CPU clock, the label's
    baseline that its sampled calls' CPU time is charged against (:mod:`profkit._overhead`).
    Its wall-clock time goes where a ``TIMED`` call's goes.
-6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
-   the same gates allow (refusals are not counted: nothing was sampled), else the call is
-   ``TIMED``.
+6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline,
+   the queue has room and profkit is within the budget (``max_overhead``, else the default
+   :data:`profkit._capture.gate.SPECULATION_BUDGET`), the slot is free and nobody else's
+   profiler runs (refusals are not counted: nothing was sampled), else the call is
+   ``TIMED``. No rate-cap token: a window that keeps a slow call spends one as it closes
+   (``max_per_minute`` caps the profiles exported), one released unread spends none.
 7. Otherwise ``OFF``.
 
 With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
@@ -156,7 +159,8 @@ class Decider:
         #: nor ``metrics``: one attribute read, as before either existed); ``_CLOCK``, timed
         #: (``metrics`` alone); else ``True``, speculated on (``capture_slow``)
         self._tail: Any = True if book is not None else self._clock
-        self._refused = Gate(config, stats, pipeline).refused
+        gate = Gate(config, stats, pipeline)
+        self._refused, self._spec_refused = gate.refused, gate.speculation_refused
         #: the control calls: each label's baseline, the labels due one (read: one attribute)
         self.controls = Controls(self._sampler)
         self.control_due = self.controls.due
@@ -279,7 +283,7 @@ class Decider:
             return OFF
         if spec.rest:
             spec.rest -= 1
-        elif SLOT.held is None and spec.want(label, self._refused):
+        elif SLOT.held is None and spec.want(label, self._spec_refused):
             call = self._keeper.open(Policy.SPECULATIVE, parent, speculative=spec.calls)
             if call is not None:
                 return (PROFILED, call)

@@ -56,10 +56,12 @@ class WindowKeeper:
         self.pipeline = pipeline
         self.speculation = speculation
         self._window_ids = itertools.count(1)
+        #: the rate cap: profiles exported a minute. A speculative window (capture_slow)
+        #: spends no token to open (the budget pays for it: ``Gate.speculation_refused``);
+        #: one that keeps a slow call spends one as it closes (:meth:`_keep_slow`)
         self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
-        #: speculative windows (capture_slow) have a rate cap of their own, of the same size
-        spec = config.max_per_minute if config.capture_slow else None
-        self._spec_limiter = RateLimiter(spec) if spec else None
+        #: (window id, whether it got its token): the last speculative window's answer
+        self._paid = (0, False)
         #: the next window's profiler, built ahead (the session's start(), the worker)
         self.spare: Any = None
 
@@ -78,8 +80,9 @@ class WindowKeeper:
 
         In this order, so that a refusal spends nothing: the slot is taken (else
         ``skipped_busy``), no one else's profiler runs or starts (``skipped_foreign``), the
-        rate cap has a token (``skipped_rate_limit``; not for a trigger), ``spend()`` (taking
-        the trigger) agrees. A speculative call (``speculative``: the window's size) counts
+        rate cap has a token (``skipped_rate_limit``; not for a trigger, nor a speculative
+        window: it spends one only if it keeps a slow call), ``spend()`` (taking the
+        trigger) agrees. A speculative call (``speculative``: the window's size) counts
         no refusal (it was not sampled), nor does a trigger (it waits for the next call)."""
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         waits = bool(speculative) or policy is Policy.TRIGGER  # counts no refusal: it waits
@@ -93,13 +96,10 @@ class WindowKeeper:
             if not _foreign.may_open() and not (stop_leaked(self.stats) and _foreign.may_open()):
                 self._refuse(call, waits, "skipped_foreign")
                 return None
-            limiter = self._spec_limiter if speculative else self._limiter
-            if policy is Policy.TRIGGER:
-                limiter = None
+            limiter = None if speculative or policy is Policy.TRIGGER else self._limiter
             if limiter is not None and not limiter.allow():
-                if not speculative:
-                    call.counted = JOINED | SETTLED  # (with the count: no call in between)
-                    next(self.stats.refused["skipped_rate_limit"])
+                call.counted = JOINED | SETTLED  # (with the count: no call in between)
+                next(self.stats.refused["skipped_rate_limit"])
                 return None
             if spend is not None and not spend():
                 return None  # another thread took the last trigger meanwhile
@@ -159,6 +159,25 @@ class WindowKeeper:
             call.truncated = call.truncated or "shutdown"
         return call
 
+    def slow_token(self, win: Window) -> bool:
+        """A call of speculative window ``win`` was found slow: may the window be exported?
+
+        A window kept is one profile: it spends one rate-cap token, at its first slow call
+        (asked again, the answer stands; a call that joined it on the sampler's pick, or a
+        trigger, already made it one). Without a token its slow calls are released, each
+        counted ``skipped_rate_limit`` (:func:`profkit._targeting.verdict.judge`). Windows
+        hold the slot one at a time, so the last window's answer is all there is to keep."""
+        paid = self._paid
+        if paid[0] == win.id:
+            return paid[1]
+        allowed = (
+            self._limiter is None
+            or any(c.policy.exported for c in win.calls)
+            or self._limiter.allow()
+        )
+        self._paid = (win.id, allowed)
+        return allowed
+
     def spend_rate_token(self) -> bool:
         """A trigger or baggage call joining a speculative window spends a rate-cap token."""
         return self._limiter is None or self._limiter.allow()
@@ -212,13 +231,15 @@ class WindowKeeper:
             retry_once(SLOT.vacate, win)
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:
-        """A stopped speculative window keeps only the calls found slow (or asked for)."""
+        """A stopped speculative window keeps only the calls found slow (or asked for).
+
+        Kept, it is a profile exported: it spends a rate-cap token (:meth:`slow_token`)."""
         spec = self.speculation  # set whenever speculative windows open (capture_slow)
         if spec is not None:
             spec.closed(len(win.calls), stop_s)
             for call in win.calls:
                 if call.policy is Policy.SPECULATIVE:  # still running, cut short: judged so far
-                    judge(spec.book, self.stats, call, self.pipeline.busy_ns)
+                    judge(spec.book, self.stats, call, self.pipeline.busy_ns, self.slow_token)
         win.calls[:] = [c for c in win.calls if c.policy.exported]
 
     def truncate(self, win: Window, reason: str) -> None:

@@ -5,6 +5,7 @@ Run when such a call ends, and for the calls still running when their window is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._records import CallRecord, Policy
@@ -14,7 +15,13 @@ from .slow import LatencyBook, sched_ns
 __all__ = ["judge"]
 
 
-def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> None:
+def judge(
+    book: LatencyBook,
+    stats: Stats,
+    call: CallRecord,
+    busy_ns: Any,
+    allow: Callable[[Any], bool] = lambda _win: True,
+) -> None:
     """A profiled call ended under capture_slow: the label's unprofiled median beside it
     (the observer effect); a speculative call is kept when slower than the threshold.
 
@@ -24,7 +31,8 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
     a scheduler tick on a busy machine); what the profiler added to the call
     is taken off by the book (:meth:`LatencyBook.judge`). A call still running when its
     window is cut short is judged on its time until the cut (the slowest calls outlast a
-    window).
+    window). A slow call is kept only if ``allow(call.window)`` (its window's rate-cap token:
+    the rate cap counts profiles exported); else it is released and counted ``skipped_rate_limit``.
     """
     label = call.scopes[0].label if call.scopes else ""
     call.unsampled_p50_ms = book.p50_ms(label)
@@ -36,9 +44,13 @@ def judge(book: LatencyBook, stats: Stats, call: CallRecord, busy_ns: Any) -> No
         start = max(root.start_ns, call.entered_ns)  # after the range's start (it stalls)
         took = _own_ns(call, root.end_ns - start, busy_ns() - call.worker_busy_ns)
         limit = book.judge(label, took)
-    if limit is not None:
+    if limit is not None and allow(call.window):
         call.slow_threshold_ms = limit / 1e6
         stats.judge(call, Policy.SLOW, "sampled")  # (one step: policy and count, once)
+    elif limit is not None:  # slow, but the rate cap has no token for its window
+        stats.judge(call, Policy.RELEASED, "speculative_released")
+        next(stats.refused["skipped_rate_limit"])
+        book.not_kept(label)
     else:
         stats.judge(call, Policy.RELEASED, "speculative_released")
         # its per-op recording is profkit's cost too: the worker, which charges a read
