@@ -82,8 +82,8 @@ def capture(**settings: Any) -> Iterator[Capture]:
     ``max_per_minute`` defaults to None (no rate cap), so that a test profiles exactly the
     calls the sampler picks, however fast it runs; with ``capture_slow``, ``max_overhead``
     defaults to 1.0, so that speculative windows open as the test's calls allow (a
-    session's default, with no ``max_overhead``, pays them from 1% of the process's CPU). ``Capture.stats`` holds the session's
-    final counters once the block has ended.
+    session's default, with no ``max_overhead``, pays them from 1% of the process's CPU).
+    ``Capture.stats`` holds the session's final counters once the block has ended.
     """
     spans = InMemorySpanExporter()
     provider = settings.pop("tracer_provider", None)
