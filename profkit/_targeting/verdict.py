@@ -54,8 +54,10 @@ def judge(
     else:
         stats.judge(call, Policy.RELEASED, "speculative_released")
         # its per-op recording is profkit's cost too: the worker, which charges a read
-        # window's, never sees a released call (the profiled-less-unprofiled median)
-        stats.cpu.charge(book.inflation_ns(label) / 1e9)
+        # window's, never sees a released call (the profiled-less-unprofiled median); a
+        # plain sync root's is charged on its thread's CPU clock as it ends instead
+        if not call.cpu_start_ns:
+            stats.cpu.charge(book.inflation_ns(label) / 1e9)
 
 
 def _own_ns(call: CallRecord, wall: int, busy: int) -> int:
