@@ -298,9 +298,10 @@ def _chunk(handler: Production, calls: list[tuple[int, bool]], mode: str, bare: 
     return time.process_time() - t0
 
 
-def production(mode: str, seconds: float) -> dict[str, Any]:
+def production(mode: str, seconds: float, default_budget: bool = False) -> dict[str, Any]:
     """One mode's row at production settings: S seconds of profiled traffic, as many calls
-    bare, alternated in chunks."""
+    bare, alternated in chunks (``default_budget``: no ``max_overhead`` set, speculation
+    paid from profkit's default budget for it)."""
     handler = Production()
     rng = random.Random(37)
     cap = CaptureExporter()
@@ -341,6 +342,7 @@ def production(mode: str, seconds: float) -> dict[str, Any]:
                 staged.add(int(attrs["call"]))
     return {
         "mode": mode,
+        "budget": "default" if default_budget else f"max_overhead={PRODUCTION['max_overhead']}",
         "seconds": seconds,
         "calls": len(plan),
         "slow_calls": len(slow_ids),
@@ -358,15 +360,16 @@ def production(mode: str, seconds: float) -> dict[str, Any]:
 
 def render_production(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| run on | seconds | calls | slow calls | kept | op-level recall | stage-level recall "
-        "| precision | profkit's CPU share (measured) | stats()['overhead'] | speculative "
-        "| skipped_budget | skipped_rate_limit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run on | budget | seconds | calls | slow calls | kept | op-level recall "
+        "| stage-level recall | precision | profkit's CPU share (measured) "
+        "| stats()['overhead'] | speculative | skipped_budget | skipped_rate_limit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         stage = "n/a" if r["stage_recall"] is None else f"{r['stage_recall']:.2f}"
         lines.append(
-            f"| {r['mode']} | {r['seconds']:g} | {r['calls']} | {r['slow_calls']} | {r['kept']} "
+            f"| {r['mode']} | {r['budget']} | {r['seconds']:g} | {r['calls']} "
+            f"| {r['slow_calls']} | {r['kept']} "
             f"| {r['op_recall']:.2f} | {stage} | {r['precision']:.2f} | {r['share']:.2%} "
             f"| {r['gauge']:.2%} | {r['speculative']} | {r['skipped_budget']} "
             f"| {r['skipped_rate_limit']} |"
@@ -382,6 +385,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--seconds", type=float, default=None, help="production settings, S s each")
+    ap.add_argument(
+        "--default-budget", action="store_true", help="no max_overhead: the default budget"
+    )
     ap.add_argument("--workload", choices=WORKLOADS, action="append")
     ap.add_argument("--mode", choices=MODES, action="append")
     ap.add_argument("--calls", type=int, default=480)
@@ -393,7 +399,8 @@ def main() -> None:
     subset = args.workload or args.mode or args.explicit or args.budget is not None
     if args.seconds is not None or not subset:
         seconds = args.seconds if args.seconds is not None else 180.0
-        prod = [production(mode, seconds) for mode in ("one thread", "32 asyncio tasks")]
+        modes = ("one thread", "32 asyncio tasks")
+        prod = [production(mode, seconds, args.default_budget) for mode in modes]
         print(render_production(prod))
         return
     rows = []
