@@ -122,9 +122,6 @@ class Session(Decider):
         if isinstance(call, (Timed, Control)):
             call.end()
             return
-        own = call.cpu_start_ns and call.policy is not Policy.SPECULATIVE
-        if own:
-            self._charge_own_cpu(call)
         call.error = error
         call.stopped = True
         call.done = True
@@ -132,31 +129,28 @@ class Session(Decider):
             call.tasks = set()
         if self._book is not None:
             judge(self._book, self.stats, call, self.pipeline.busy_ns, self.keeper.slow_token)
-        if call.cpu_start_ns and not own:  # speculative: its verdict (it reads /proc) too
+        if call.cpu_start_ns:  # (after the verdict: a speculative one's reads /proc)
             self._charge_own_cpu(call)
         if self.metrics is not None:
             self.metrics.ended(call, call.scopes[0].label if call.scopes else "?")
         self.keeper.ended(call, self.active)
 
     def _charge_own_cpu(self, call: CallRecord) -> None:
-        """A sampled (or speculative) plain root ended on its thread: charge its CPU time
-        beyond its label's baseline (nothing yet without one: the window's estimate is
-        charged instead; a speculative call released unread, what the profiler adds to its
-        label's calls, measured on the wall clock: :meth:`LatencyBook.inflation_ns`)."""
+        """A sampled or speculative plain root ended on its thread: charge its CPU time beyond
+        its label's baseline (none: the window's estimate, or a released call's inflation)."""
         win = call.window
         if win is None or win.owner != threading.get_ident() or not call.scopes:
             return
-        if (win.needed != 1 and not win.speculative) or self.config.all_threads:  # more
-            return  # calls, or other threads' ops, in the window: its per-event estimate
-        key = call.scopes[0].label  # covers them all, charged once
+        if (win.needed != 1 and not win.speculative) or self.config.all_threads:
+            return  # more calls, or others' ops: the window's estimate covers them, once
+        key = call.scopes[0].label
         base = self.controls.baselines.get(key)
         self.controls.sampled_ended(key)
         if base is not None:  # less than nothing too: on average, what the profiler added
             self.stats.cpu.charge((time.thread_time_ns() - call.cpu_start_ns - base) / 1e9)
-            call.cpu_charged = True
         elif call.policy is Policy.RELEASED and self._book is not None:
             self.stats.cpu.charge(self._book.inflation_ns(key) / 1e9)
-            call.cpu_charged = True
+        call.cpu_charged = base is not None or call.policy is Policy.RELEASED
 
     def start(self) -> None:
         """Install the process hooks, prime the profiler (once per process) and start the

@@ -22,7 +22,7 @@ from .._records import CallRecord, Policy
 from .._sampling import RateLimiter
 from .._stats import JOINED, SETTLED, Stats
 from .._targeting.slow import Speculation
-from .._targeting.verdict import judge
+from .._targeting.verdict import SlowToken, judge
 from . import foreign as _foreign
 from . import hooks as _hooks
 from .room import crowded, has_room
@@ -56,12 +56,11 @@ class WindowKeeper:
         self.pipeline = pipeline
         self.speculation = speculation
         self._window_ids = itertools.count(1)
-        #: the rate cap: profiles exported a minute. A speculative window (capture_slow)
-        #: spends no token to open (the budget pays for it: ``Gate.speculation_refused``);
-        #: one that keeps a slow call spends one as it closes (:meth:`_keep_slow`)
+        #: the rate cap: profiles exported a minute (a speculative window spends none to
+        #: open, the budget pays for it; one that keeps a slow call spends one)
         self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
-        #: (window id, whether it got its token): the last speculative window's answer
-        self._paid = (0, False)
+        #: whether a speculative window found slow may be exported (spends its token)
+        self.slow_token = SlowToken(self._limiter).allow
         #: the next window's profiler, built ahead (the session's start(), the worker)
         self.spare: Any = None
 
@@ -159,25 +158,6 @@ class WindowKeeper:
             call.truncated = call.truncated or "shutdown"
         return call
 
-    def slow_token(self, win: Window) -> bool:
-        """A call of speculative window ``win`` was found slow: may the window be exported?
-
-        A window kept is one profile: it spends one rate-cap token, at its first slow call
-        (asked again, the answer stands; a call that joined it on the sampler's pick, or a
-        trigger, already made it one). Without a token its slow calls are released, each
-        counted ``skipped_rate_limit`` (:func:`profkit._targeting.verdict.judge`). Windows
-        hold the slot one at a time, so the last window's answer is all there is to keep."""
-        paid = self._paid
-        if paid[0] == win.id:
-            return paid[1]
-        allowed = (
-            self._limiter is None
-            or any(c.policy.exported for c in win.calls)
-            or self._limiter.allow()
-        )
-        self._paid = (win.id, allowed)
-        return allowed
-
     def spend_rate_token(self) -> bool:
         """A trigger or baggage call joining a speculative window spends a rate-cap token."""
         return self._limiter is None or self._limiter.allow()
@@ -231,9 +211,7 @@ class WindowKeeper:
             retry_once(SLOT.vacate, win)
 
     def _keep_slow(self, win: Window, stop_s: float) -> None:
-        """A stopped speculative window keeps only the calls found slow (or asked for).
-
-        Kept, it is a profile exported: it spends a rate-cap token (:meth:`slow_token`)."""
+        """A stopped speculative window keeps only the calls found slow (or asked for)."""
         spec = self.speculation  # set whenever speculative windows open (capture_slow)
         if spec is not None:
             spec.closed(len(win.calls), stop_s)

@@ -12,7 +12,28 @@ from .._records import CallRecord, Policy
 from .._stats import Stats
 from .slow import LatencyBook, sched_ns
 
-__all__ = ["judge"]
+__all__ = ["SlowToken", "judge"]
+
+
+class SlowToken:
+    """Whether a speculative window with a call found slow may be exported: a window kept
+    is one profile, so it spends one rate-cap token (``max_per_minute``), at its first slow
+    call (asked again, the answer stands; a call that joined it on the sampler's pick, or a
+    trigger, already made it one). Windows hold the slot one at a time: the last window's
+    answer is all there is to keep."""
+
+    def __init__(self, limiter: Any) -> None:
+        self._limiter = limiter
+        self._paid: tuple[int, bool] = (0, False)  # (window id, its answer)
+
+    def allow(self, win: Any) -> bool:
+        paid = self._paid
+        if paid[0] == win.id:
+            return paid[1]
+        limiter = self._limiter
+        allowed = limiter is None or any(c.policy.exported for c in win.calls) or limiter.allow()
+        self._paid = (win.id, allowed)
+        return allowed
 
 
 def judge(
