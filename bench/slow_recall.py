@@ -160,7 +160,7 @@ def measure_one(workload: str, mode: str, settings: dict[str, Any], calls: int) 
         capture_slow=True,
         max_per_minute=None,
         slow_ms=slow_ms,
-        **settings,
+        **{"max_overhead": 1.0, **settings},  # "no budget" (none set would be 1%)
     )
     run(handler, plan, mode)
     profkit.force_flush(30.0)
