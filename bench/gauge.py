@@ -3,7 +3,8 @@
 Three cases (issue 38, case 5), each the same load with and without profkit, alternated in
 short chunks of calls (a chunk of the bare model call, a chunk of the ``@profiled`` one; the
 machine's state hits both alike), each chunk's process CPU time read around it (every
-thread: the callers', the export worker's, the exporters'), the worker flushed at the end:
+thread: the callers', the export worker's, the exporters'), the worker flushed at the end of
+each profiled chunk (inside it: else a window's export runs in the next bare chunk):
 
 * ``pool``: 8 pool threads running ~1 ms model calls one after another beside 2 CPU hogs,
   ``sample_every=1, max_overhead=0.01`` (the budget decides what is sampled);
@@ -54,8 +55,12 @@ NAMES = {"pool": "pool", "idle": "pool, nothing sampled", "hidden": "hidden budg
 AGREE_POINTS = 0.005
 
 
-def _chunk(pool: ThreadPoolExecutor | None, fn: Callable[[], None], calls: int) -> float:
-    """Process CPU seconds for ``calls`` calls of ``fn`` (on the pool's threads in turn)."""
+def _chunk(
+    pool: ThreadPoolExecutor | None, fn: Callable[[], None], calls: int, flush: bool = False
+) -> float:
+    """Process CPU seconds for ``calls`` calls of ``fn`` (on the pool's threads in turn);
+    ``flush``: the export worker flushed inside it (else the export of a profiled chunk's
+    windows runs in the next bare chunk, and counts against profkit twice over)."""
     t0 = time.process_time()
     if pool is None:
         for _ in range(calls):
@@ -63,6 +68,8 @@ def _chunk(pool: ThreadPoolExecutor | None, fn: Callable[[], None], calls: int) 
     else:
         for f in [pool.submit(fn) for _ in range(calls)]:
             f.result()
+    if flush:
+        profkit.force_flush(10.0)
     return time.process_time() - t0
 
 
@@ -96,7 +103,7 @@ def measure(case: str, seconds: float) -> dict[str, Any]:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             plain += _chunk(pool, bare, chunk)
-            timed += _chunk(pool, profiled, chunk)
+            timed += _chunk(pool, profiled, chunk, flush=True)
             rounds += 1
         flush0 = time.process_time()
         gauge = profkit.stats()["overhead"]
