@@ -189,8 +189,11 @@ def measure(quick: bool) -> dict[str, Any]:
     )
 
     # capture_slow (issue 16): every unprofiled root call is timed for its label's latency
-    # book; the speculative windows' own rate cap lets at most one window through
-    profkit.configure(sample_every=100, max_per_minute=1e-9, capture_slow=True, exporters=())
+    # book; a budget of nothing lets no speculative window through (nor a sampled one past
+    # the first: the rate cap lets none more)
+    profkit.configure(
+        sample_every=100, max_per_minute=1e-9, max_overhead=1e-9, capture_slow=True, exporters=()
+    )
     profiled_fn(1)
     profkit.force_flush(10.0)
     slow = interleaved(

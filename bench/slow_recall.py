@@ -13,6 +13,23 @@ the slow durations, measured unprofiled first), with no budget and at
 ``max_overhead=0.02``, on one thread, on 8 threads of a pool, and as 32 concurrent asyncio
 tasks. Recall: the slow calls kept as slow over the slow calls; precision: the slow calls
 over the calls kept.
+
+At production settings (issue 37), ``--seconds S``: ``max_overhead=0.02``, the default
+``max_per_minute`` (60), the label's own threshold, a ~2 ms torch handler whose 1 call in
+40 also waits 20 ms on a dependency (``region("dependency")``), S seconds of traffic on one
+thread and as 32 asyncio tasks. Chunks of ~2 s of profiled traffic alternate with the same
+calls run bare (the same body, undecorated, no region), each chunk's process CPU time read
+around it (every thread; the export worker flushed inside the profiled chunk), so:
+
+* op-level recall: slow calls exported with their op rows (policy "slow") over slow calls;
+* stage-level recall: slow calls exported with their regions, op rows or not (a stage
+  record: ``n/a`` where this profkit has none: no ``stage`` counter in ``stats()``);
+* precision: slow calls over the calls kept as slow;
+* profkit's share, measured independently: (CPU of the profiled chunks - CPU of the bare
+  ones) / CPU of the profiled ones; beside it, ``stats()["overhead"]`` at the end.
+
+    .venv/bin/python bench/slow_recall.py --seconds 180     # the full run (3 min each)
+    .venv/bin/python bench/slow_recall.py --seconds 30      # a short one
 """
 
 from __future__ import annotations
@@ -143,7 +160,7 @@ def measure_one(workload: str, mode: str, settings: dict[str, Any], calls: int) 
         capture_slow=True,
         max_per_minute=None,
         slow_ms=slow_ms,
-        **settings,
+        **{"max_overhead": 1.0, **settings},  # "no budget" (none set would be 1%)
     )
     run(handler, plan, mode)
     profkit.force_flush(30.0)
@@ -196,12 +213,181 @@ def render(rows: list[dict[str, Any]], fmt: Callable[[float | None], str] | None
     return "\n".join(lines)
 
 
+#: production settings (issue 37): the budget, and the rest left at their defaults
+PRODUCTION: dict[str, Any] = {"max_overhead": 0.02}
+#: the handler's compute, and a slow call's wait on its dependency
+_COMPUTE_S, _WAIT_S, _SLOW_EVERY = 0.002, 0.020, 40
+#: wall seconds of profiled traffic per chunk
+_CHUNK_S = 2.0
+
+
+class Production:
+    """The production-settings handler: ~2 ms of torch; a slow call waits 20 ms too."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+        ).eval()
+        self.x = torch.randn(64, 256)
+        with torch.inference_mode():
+            self.model(self.x)
+            t0 = time.perf_counter()
+            for _ in range(10):
+                self.model(self.x)
+        self.forwards = max(1, round(_COMPUTE_S / ((time.perf_counter() - t0) / 10)))
+        self.sync = profkit.profiled("handler")(self._sync)
+        self.aio = profkit.profiled("handler")(self._aio)
+
+    def _compute(self) -> None:
+        with torch.inference_mode():
+            for _ in range(self.forwards):
+                self.model(self.x)
+
+    def _sync(self, i: int, slow: bool) -> int:
+        with profkit.region("compute", call=i, slow=slow):
+            self._compute()
+        if slow:
+            with profkit.region("dependency"):
+                time.sleep(_WAIT_S)
+        return i
+
+    async def _aio(self, i: int, slow: bool) -> int:
+        with profkit.region("compute", call=i, slow=slow):
+            self._compute()
+        if slow:
+            with profkit.region("dependency"):
+                await asyncio.sleep(_WAIT_S)
+        return i
+
+    def bare_sync(self, i: int, slow: bool) -> int:
+        self._compute()
+        if slow:
+            time.sleep(_WAIT_S)
+        return i
+
+    async def bare_aio(self, i: int, slow: bool) -> int:
+        self._compute()
+        if slow:
+            await asyncio.sleep(_WAIT_S)
+        return i
+
+
+def _chunk(handler: Production, calls: list[tuple[int, bool]], mode: str, bare: bool) -> float:
+    """Process CPU seconds of ``calls`` (profiled: the export worker flushed in it)."""
+    t0 = time.process_time()
+    if mode == "one thread":
+        fn = handler.bare_sync if bare else handler.sync
+        for i, slow in calls:
+            fn(i, slow)
+    else:
+        aio = handler.bare_aio if bare else handler.aio
+
+        async def tasks() -> None:
+            gate = asyncio.Semaphore(32)
+
+            async def one(i: int, slow: bool) -> None:
+                async with gate:
+                    await aio(i, slow)
+
+            await asyncio.gather(*(one(i, s) for i, s in calls))
+
+        asyncio.run(tasks())
+    if not bare:
+        profkit.force_flush(30.0)
+    return time.process_time() - t0
+
+
+def production(mode: str, seconds: float, default_budget: bool = False) -> dict[str, Any]:
+    """One mode's row at production settings: S seconds of profiled traffic, as many calls
+    bare, alternated in chunks (``default_budget``: no ``max_overhead`` set, speculation
+    paid from profkit's default budget for it)."""
+    handler = Production()
+    rng = random.Random(37)
+    cap = CaptureExporter()
+    profkit.configure(exporters=(), extra_exporters=(cap,), capture_slow=True, **PRODUCTION)
+    # the chunk's size in calls: as many as ~2 s of profiled traffic take (measured)
+    per_call = 0.0
+    t0 = time.perf_counter()
+    for i in range(50):
+        handler.sync(-1 - i, False)
+    per_call = (time.perf_counter() - t0) / 50 + _WAIT_S / _SLOW_EVERY
+    if mode != "one thread":
+        per_call /= 4  # (calls overlap their waits)
+    size = max(20, int(_CHUNK_S / per_call))
+    plan: list[tuple[int, bool]] = []
+    cpu_prof = cpu_bare = 0.0
+    started = time.monotonic()
+    n = 0
+    while time.monotonic() - started < seconds:
+        calls = [(n + k, rng.random() < 1 / _SLOW_EVERY) for k in range(size)]
+        n += size
+        plan += calls
+        cpu_bare += _chunk(handler, calls, mode, bare=True)
+        cpu_prof += _chunk(handler, calls, mode, bare=False)
+    stats = profkit.stats()
+    profkit.shutdown(10.0)
+    slow_ids = {i for i, s in plan if s}
+    kept = [c for c in cap.calls if c.policy == "slow" and c.scopes[0].label == "handler"]
+    ids = [int(c.scopes[1].attributes["call"]) for c in kept if len(c.scopes) > 1]
+    with_ops = {
+        i for c, i in zip(kept, ids, strict=True) if any(s.ops for s in c.scopes)
+    } & slow_ids
+    staged: set[int] = set()
+    has_stages = any("stage" in key for key in stats)
+    if has_stages:  # any export of the call with its regions: op rows or a stage record
+        for c in cap.calls:
+            attrs = c.scopes[1].attributes if len(c.scopes) > 1 else {}
+            if "call" in attrs and int(attrs["call"]) in slow_ids:
+                staged.add(int(attrs["call"]))
+    return {
+        "mode": mode,
+        "budget": "default" if default_budget else f"max_overhead={PRODUCTION['max_overhead']}",
+        "seconds": seconds,
+        "calls": len(plan),
+        "slow_calls": len(slow_ids),
+        "kept": len(kept),
+        "op_recall": len(with_ops) / len(slow_ids) if slow_ids else 0.0,
+        "stage_recall": len(staged) / len(slow_ids) if has_stages and slow_ids else None,
+        "precision": sum(i in slow_ids for i in ids) / len(ids) if ids else 0.0,
+        "share": (cpu_prof - cpu_bare) / cpu_prof if cpu_prof else 0.0,
+        "gauge": stats["overhead"],
+        "speculative": stats["speculative"],
+        "skipped_budget": stats["skipped_budget"],
+        "skipped_rate_limit": stats["skipped_rate_limit"],
+    }
+
+
+def render_production(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| run on | budget | seconds | calls | slow calls | kept | op-level recall "
+        "| stage-level recall | precision | profkit's CPU share (measured) "
+        "| stats()['overhead'] | speculative | skipped_budget | skipped_rate_limit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        stage = "n/a" if r["stage_recall"] is None else f"{r['stage_recall']:.2f}"
+        lines.append(
+            f"| {r['mode']} | {r['budget']} | {r['seconds']:g} | {r['calls']} "
+            f"| {r['slow_calls']} | {r['kept']} "
+            f"| {r['op_recall']:.2f} | {stage} | {r['precision']:.2f} | {r['share']:.2%} "
+            f"| {r['gauge']:.2%} | {r['speculative']} | {r['skipped_budget']} "
+            f"| {r['skipped_rate_limit']} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
-    """Run a subset: ``bench/slow_recall.py [--workload W] [--mode M] [--calls N]
-    [--explicit] [--budget B] [--repeat K]`` (rows as markdown)."""
+    """Production settings (issue 37): ``bench/slow_recall.py [--seconds S]`` (default 180,
+    one thread and 32 asyncio tasks). Or the four workloads, a subset:
+    ``[--workload W] [--mode M] [--calls N] [--explicit] [--budget B] [--repeat K]``."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--seconds", type=float, default=None, help="production settings, S s each")
+    ap.add_argument(
+        "--default-budget", action="store_true", help="no max_overhead: the default budget"
+    )
     ap.add_argument("--workload", choices=WORKLOADS, action="append")
     ap.add_argument("--mode", choices=MODES, action="append")
     ap.add_argument("--calls", type=int, default=480)
@@ -210,6 +396,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    subset = args.workload or args.mode or args.explicit or args.budget is not None
+    if args.seconds is not None or not subset:
+        seconds = args.seconds if args.seconds is not None else 180.0
+        modes = ("one thread", "32 asyncio tasks")
+        prod = [production(mode, seconds, args.default_budget) for mode in modes]
+        print(render_production(prod))
+        return
     rows = []
     for workload in args.workload or WORKLOADS:
         for mode in args.mode or MODES:

@@ -96,13 +96,17 @@ class Config:
     profiled (``sample_every=1``, ``sample_rate=1.0``)."""
 
     max_per_minute: float | None = field(default=60.0, metadata=number_in(0, 1e6, none=True))
-    """Cap on profiler windows opened per minute (token bucket, bursts up to the same number);
+    """Cap on profiles exported per minute (token bucket, bursts up to the same number): the
+    windows the sampler, the baggage or a signal opens, and the speculative windows that keep
+    a slow call (``capture_slow``; those released unread are paid from ``max_overhead``);
     None means no cap. The default, one a second on average, bounds what profkit costs a
     busy service whatever the sampling rate."""
 
     max_overhead: float | None = field(default=None, metadata=number_in(0, 1, none=True))
     """Largest share of the process's CPU time profkit may use (0.01: 1%), over the last ~10 s;
-    past it, sampled calls are skipped (``skipped_budget``). None means no budget."""
+    past it, sampled calls are skipped (``skipped_budget``) and no speculative window opens.
+    None means no budget for sampled calls; ``capture_slow``'s speculative windows then stop
+    at 1% (docs/targeted-capture.md)."""
 
     capture_slow: bool = field(default=False, metadata=FLAG)
     """Time root calls per label and profile some speculatively; export those slower than the

@@ -121,7 +121,10 @@ class CpuMeter:
         used = cpu - cpu0
         if used <= 0:
             return 0.0, 0.0
-        return (spent - spent0) / used, (fixed - fixed0) / used
+        # never below nothing: a sampled call is charged its CPU time less its label's
+        # baseline, less than nothing when it ran below it (on average what the profiler
+        # added), and an interval with a few such calls and little else read -6%
+        return max(0.0, spent - spent0) / used, max(0.0, fixed - fixed0) / used
 
 
 class Baselines:

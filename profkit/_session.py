@@ -27,7 +27,7 @@ from ._export.metrics import Metrics
 from ._export.pipeline import ExportPipeline
 from ._export.processing import Processor
 from ._overhead import Control
-from ._records import CallRecord
+from ._records import CallRecord, Policy
 from ._sampling import Triggered
 from ._stats import Stats
 from ._targeting.slow import LatencyBook, Speculation, Timed
@@ -122,33 +122,35 @@ class Session(Decider):
         if isinstance(call, (Timed, Control)):
             call.end()
             return
-        if call.cpu_start_ns:
-            self._charge_own_cpu(call)
         call.error = error
         call.stopped = True
         call.done = True
         if call.tasks:  # its tasks hold their loop: a waiting window must not keep it alive
             call.tasks = set()
         if self._book is not None:
-            judge(self._book, self.stats, call, self.pipeline.busy_ns)
+            judge(self._book, self.stats, call, self.pipeline.busy_ns, self.keeper.slow_token)
+        if call.cpu_start_ns:  # (after the verdict: a speculative one's reads /proc)
+            self._charge_own_cpu(call)
         if self.metrics is not None:
             self.metrics.ended(call, call.scopes[0].label if call.scopes else "?")
         self.keeper.ended(call, self.active)
 
     def _charge_own_cpu(self, call: CallRecord) -> None:
-        """A sampled plain root ended on its thread: charge its CPU time beyond its label's
-        baseline (nothing yet without one: the window's estimate is charged instead)."""
+        """A sampled or speculative plain root ended on its thread: charge its CPU time beyond
+        its label's baseline (none: the window's estimate, or a released call's inflation)."""
         win = call.window
         if win is None or win.owner != threading.get_ident() or not call.scopes:
             return
-        if win.needed != 1 or self.config.all_threads:  # more calls, or other threads' ops,
-            return  # in the window: its per-event estimate covers them all, charged once
+        if (win.needed != 1 and not win.speculative) or self.config.all_threads:
+            return  # more calls, or others' ops: the window's estimate covers them, once
         key = call.scopes[0].label
         base = self.controls.baselines.get(key)
         self.controls.sampled_ended(key)
         if base is not None:  # less than nothing too: on average, what the profiler added
             self.stats.cpu.charge((time.thread_time_ns() - call.cpu_start_ns - base) / 1e9)
-            call.cpu_charged = True
+        elif call.policy is Policy.RELEASED and self._book is not None:
+            self.stats.cpu.charge(self._book.inflation_ns(key) / 1e9)
+        call.cpu_charged = base is not None or call.policy is Policy.RELEASED
 
     def start(self) -> None:
         """Install the process hooks, prime the profiler (once per process) and start the

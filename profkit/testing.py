@@ -80,8 +80,10 @@ def capture(**settings: Any) -> Iterator[Capture]:
     Spans go to a private TracerProvider with an ``InMemorySpanExporter`` unless
     ``tracer_provider`` is given; ``exporters`` defaults to ``("otel",)`` plus the capture.
     ``max_per_minute`` defaults to None (no rate cap), so that a test profiles exactly the
-    calls the sampler picks, however fast it runs. ``Capture.stats`` holds the session's
-    final counters once the block has ended.
+    calls the sampler picks, however fast it runs; with ``capture_slow``, ``max_overhead``
+    defaults to 1.0, so that speculative windows open as the test's calls allow (a
+    session's default, with no ``max_overhead``, pays them from 1% of the process's CPU).
+    ``Capture.stats`` holds the session's final counters once the block has ended.
     """
     spans = InMemorySpanExporter()
     provider = settings.pop("tracer_provider", None)
@@ -91,6 +93,8 @@ def capture(**settings: Any) -> Iterator[Capture]:
     exporter = CaptureExporter()
     settings.setdefault("exporters", ("otel",))
     settings.setdefault("max_per_minute", None)
+    if settings.get("capture_slow"):
+        settings.setdefault("max_overhead", 1.0)
     extra = tuple(settings.pop("extra_exporters", ()))
     config = build_config(
         # first: the worker calls exporters in order, and a hung one of the test's own

@@ -36,9 +36,12 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    ``(CONTROLLED, Control)``, not profiled but timed on its thread's CPU clock, the label's
    baseline that its sampled calls' CPU time is charged against (:mod:`profkit._overhead`).
    Its wall-clock time goes where a ``TIMED`` call's goes.
-6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
-   the same gates allow (refusals are not counted: nothing was sampled), else the call is
-   ``TIMED``.
+6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline,
+   the queue has room and profkit is within the budget (``max_overhead``, else the default
+   :data:`profkit._capture.gate.SPECULATION_BUDGET`), the slot is free and nobody else's
+   profiler runs (refusals are not counted: nothing was sampled), else the call is
+   ``TIMED``. No rate-cap token: a window that keeps a slow call spends one as it closes
+   (``max_per_minute`` caps the profiles exported), one released unread spends none.
 7. Otherwise ``OFF``.
 
 With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
@@ -156,7 +159,8 @@ class Decider:
         #: nor ``metrics``: one attribute read, as before either existed); ``_CLOCK``, timed
         #: (``metrics`` alone); else ``True``, speculated on (``capture_slow``)
         self._tail: Any = True if book is not None else self._clock
-        self._refused = Gate(config, stats, pipeline).refused
+        gate = Gate(config, stats, pipeline)
+        self._refused, self._spec_refused = gate.refused, gate.speculation_refused
         #: the control calls: each label's baseline, the labels due one (read: one attribute)
         self.controls = Controls(self._sampler)
         self.control_due = self.controls.due
@@ -217,7 +221,7 @@ class Decider:
             return OFF
         if tail is _CLOCK:  # metrics without capture_slow: timed from here, inline
             return (TIMED, tail())
-        return self._speculate(label, parent) if speculate else self._off()
+        return self._speculate(label, parent, sync) if speculate else self._off()
 
     def _refused_call(self, label: str) -> Decision:
         """A picked call that gets no window: a control call if its label is due one."""
@@ -272,16 +276,28 @@ class Decider:
             call.cpu_start_ns = time.thread_time_ns()
         return (PROFILED, call)
 
-    def _speculate(self, label: str, parent: SpanContext | None) -> Decision:
-        """capture_slow: a speculative window for this call, or else time it."""
+    def _speculate(self, label: str, parent: SpanContext | None, sync: bool = False) -> Decision:
+        """capture_slow: a speculative window for this call, or else time it.
+
+        A plain sync root (no asyncio loop on its thread) is timed on its thread's CPU clock
+        too: a speculative one from its window's start, charged its CPU time beyond its
+        label's baseline (what the profiler added: :meth:`Session._charge_own_cpu`); one of
+        the unprofiled calls between windows is a control call, the baseline's (one call in
+        four once it holds five: :meth:`Controls.make`), timed for the latency book too."""
         spec = self._speculation
         if spec is None:
             return OFF
         if spec.rest:
             spec.rest -= 1
-        elif SLOT.held is None and spec.want(label, self._refused):
+            if sync:
+                made = self.controls.make(label, self.timed)
+                if made is not None:
+                    return made
+        elif SLOT.held is None and spec.want(label, self._spec_refused):
             call = self._keeper.open(Policy.SPECULATIVE, parent, speculative=spec.calls)
             if call is not None:
+                if sync and _get_running_loop() is None:
+                    call.cpu_start_ns = time.thread_time_ns()
                 return (PROFILED, call)
             spec.refused()
         return (TIMED, time.perf_counter_ns())
@@ -350,6 +366,14 @@ def _timed(decider: Decider, label: str, speculate: bool, sync: bool, asked: boo
         took = min(_thread_ns() - t0 - decider.clock_ns, _TIMED_CAP_NS)  # less the clock's
         samples = decider.timed_ns
         samples.append(max(0, took))
-        typical = sorted(samples)[len(samples) // 2]  # a GC pass inside one is not typical
-        decider._stats.cpu.charge_fixed(typical * _TIMED_EVERY / 1e9)
+        # the median (a GC pass inside one is not typical); the least while fewer are known
+        # than kept, and nothing before three are (their periods are charged with the
+        # third): a new pool thread's first decisions run cold (~25 µs beside ~4 µs), and
+        # 256 times one of them was most of what the gauge read in its first seconds
+        if len(samples) < 3:
+            return decision
+        ordered = sorted(samples)
+        typical = ordered[len(ordered) // 2 if len(ordered) == _TIMED_KEPT else 0]
+        periods = 3 if len(samples) == 3 else 1
+        decider._stats.cpu.charge_fixed(periods * typical * _TIMED_EVERY / 1e9)
     return decision

@@ -22,7 +22,7 @@ from .._records import CallRecord, Policy
 from .._sampling import RateLimiter
 from .._stats import JOINED, SETTLED, Stats
 from .._targeting.slow import Speculation
-from .._targeting.verdict import judge
+from .._targeting.verdict import SlowToken, judge
 from . import foreign as _foreign
 from . import hooks as _hooks
 from . import resident as _resident
@@ -57,10 +57,11 @@ class WindowKeeper:
         self.pipeline = pipeline
         self.speculation = speculation
         self._window_ids = itertools.count(1)
+        #: the rate cap: profiles exported a minute (a speculative window spends none to
+        #: open, the budget pays for it; one that keeps a slow call spends one)
         self._limiter = RateLimiter(config.max_per_minute) if config.max_per_minute else None
-        #: speculative windows (capture_slow) have a rate cap of their own, of the same size
-        spec = config.max_per_minute if config.capture_slow else None
-        self._spec_limiter = RateLimiter(spec) if spec else None
+        #: whether a speculative window found slow may be exported (spends its token)
+        self.slow_token = SlowToken(self._limiter).allow
         #: the next window's profiler, built ahead (the session's start(), the worker)
         self.spare: Any = None
 
@@ -79,8 +80,9 @@ class WindowKeeper:
 
         In this order, so that a refusal spends nothing: the slot is taken (else
         ``skipped_busy``), no one else's profiler runs or starts (``skipped_foreign``), the
-        rate cap has a token (``skipped_rate_limit``; not for a trigger), ``spend()`` (taking
-        the trigger) agrees. A speculative call (``speculative``: the window's size) counts
+        rate cap has a token (``skipped_rate_limit``; not for a trigger, nor a speculative
+        window: it spends one only if it keeps a slow call), ``spend()`` (taking the
+        trigger) agrees. A speculative call (``speculative``: the window's size) counts
         no refusal (it was not sampled), nor does a trigger (it waits for the next call)."""
         cpu0 = time.thread_time()  # profkit's CPU time on the request thread: the budget's
         waits = bool(speculative) or policy is Policy.TRIGGER  # counts no refusal: it waits
@@ -94,13 +96,10 @@ class WindowKeeper:
             if not _foreign.may_open() and not (stop_leaked(self.stats) and _foreign.may_open()):
                 self._refuse(call, waits, "skipped_foreign")
                 return None
-            limiter = self._spec_limiter if speculative else self._limiter
-            if policy is Policy.TRIGGER:
-                limiter = None
+            limiter = None if speculative or policy is Policy.TRIGGER else self._limiter
             if limiter is not None and not limiter.allow():
-                if not speculative:
-                    call.counted = JOINED | SETTLED  # (with the count: no call in between)
-                    next(self.stats.refused["skipped_rate_limit"])
+                call.counted = JOINED | SETTLED  # (with the count: no call in between)
+                next(self.stats.refused["skipped_rate_limit"])
                 return None
             if spend is not None and not spend():
                 return None  # another thread took the last trigger meanwhile
@@ -219,7 +218,7 @@ class WindowKeeper:
             spec.closed(len(win.calls), stop_s)
             for call in win.calls:
                 if call.policy is Policy.SPECULATIVE:  # still running, cut short: judged so far
-                    judge(spec.book, self.stats, call, self.pipeline.busy_ns)
+                    judge(spec.book, self.stats, call, self.pipeline.busy_ns, self.slow_token)
         win.calls[:] = [c for c in win.calls if c.policy.exported]
 
     def truncate(self, win: Window, reason: str) -> None:

@@ -267,6 +267,14 @@ class LatencyBook:
             return limit
         return None
 
+    def not_kept(self, label: str) -> None:
+        """A call :meth:`judge` found slow was released after all (the rate cap had no
+        token for its window): counted as seen, not kept."""
+        entry = self._labels.get(escape(label))
+        if entry is not None and entry.kept:
+            entry.kept -= 1
+            entry.missed += 1
+
     def slow_calls(self) -> dict[str, dict[str, int]]:
         """Per label: slow calls seen (timed unprofiled over the threshold, plus kept) and
         kept under the profiler, so that ``kept / seen`` reads as recall."""

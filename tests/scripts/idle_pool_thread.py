@@ -18,7 +18,9 @@ import torch.autograd.profiler as autograd_profiler
 import profkit
 from profkit._capture import slot as _slot
 
-profkit.configure(capture_slow=True, slow_ms=1000.0, exporters=(), max_per_minute=None)
+profkit.configure(
+    capture_slow=True, slow_ms=1000.0, exporters=(), max_per_minute=None, max_overhead=1.0
+)
 x = torch.randn(64, 64)
 
 

@@ -143,7 +143,7 @@ profkit.configure(
     sample_every=10**9 if mode == "slow" else 1,
     capture_slow=mode == "slow",
     max_per_minute=None,
-    max_overhead=None,
+    max_overhead=1.0,  # speculation unbudgeted (None: 1% for speculative windows)
     queue_size=100_000,
     exporters=(),
     extra_exporters=(cap,),

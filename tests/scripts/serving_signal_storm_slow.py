@@ -126,7 +126,7 @@ for storm in range(storms):
         sample_every=7,  # the sampler picks too: sampled and speculative windows interleave
         capture_slow=True,
         max_per_minute=None,
-        max_overhead=None,  # every storm samples: no budget (the storms are profkit's cost)
+        max_overhead=1.0,  # every storm samples: no budget (the storms are profkit's cost)
         queue_size=5000,
         exporters=(),
         extra_exporters=(cap,),

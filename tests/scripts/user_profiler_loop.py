@@ -18,7 +18,11 @@ import profkit
 
 MODE = sys.argv[1]
 PROFILES = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-settings = {"sample_every": 2} if MODE == "every" else {"capture_slow": True, "slow_ms": 0.01}
+settings = (
+    {"sample_every": 2}
+    if MODE == "every"
+    else {"capture_slow": True, "slow_ms": 0.01, "max_overhead": 1.0}
+)
 profkit.configure(exporters=(), max_per_minute=None, **settings)
 
 x = torch.randn(16, 16)
