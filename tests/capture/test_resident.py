@@ -25,7 +25,7 @@ SETTINGS: dict[str, Any] = {
     "capture_slow": True,
     "slow_ms": 15.0,
     "max_per_minute": None,
-    "max_overhead": None,
+    "max_overhead": 1.0,  # every speculative window opens (none refused by the budget)
     "exporters": (),
 }
 

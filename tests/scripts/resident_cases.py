@@ -78,7 +78,7 @@ profkit.configure(
     capture_slow=True,
     slow_ms=15.0,
     max_per_minute=None,
-    max_overhead=None,
+    max_overhead=1.0,  # every speculative window opens
     exporters=(),
     resident=True,
 )
