@@ -45,7 +45,18 @@ from .._targeting.slow import Timed
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import watch_loop
-from .scope import FRAME, GLOBAL, OFF, Active, _abort_root, _open, enter, exit_, undo_enter
+from .owner import left_behind, own
+from .scope import (
+    FRAME,
+    GLOBAL,
+    OFF,
+    Active,
+    _abort_root,
+    _open,
+    enter,
+    exit_,
+    undo_enter,
+)
 
 __all__ = ["MAX_MEMBERS", "BatchMember", "batch", "batch_member"]
 
@@ -152,6 +163,8 @@ class batch:
             return self
         frame = FRAME.get()
         session = GLOBAL.session
+        if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
+            frame = None  # left behind by a scope that never exited: this is a root call
         nested = frame is not None and (frame is OFF or not frame.call.done)
         if self._entered is not None:  # re-entered while entered (``with b: with b:``)
             self._outer = self._outer or []
@@ -170,6 +183,7 @@ class batch:
         if entered.__class__ is Active and entered.session is not None:  # a sampled root
             try:  # (as a region's: one across an await says "window")
                 watch_loop(entered.call)
+                own(entered, 1)  # one entered and never exited is found left behind
             except BaseException as exc:  # a signal's, at its first instruction: undone
                 self._entered = None
                 undo_enter(frame, exc)
