@@ -374,7 +374,7 @@ def _at_exit() -> None:
         _keeper.stop_left_at_exit()
     except Exception as exc:
         _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
-    if started_before_fork():
+    if started_before_fork() and not _hooks.native_exit_armed():
         _errors.log.warning(
             "profkit: this process was forked after a torch profiler ran in its parent; its "
             "exit may hang in torch's kineto teardown (ConfigLoader). Configure profkit after "
