@@ -20,7 +20,7 @@ from typing import Any
 from .._capture.keeper import yielded
 from .frame import FRAME, Active
 
-__all__ = ["left_behind", "own"]
+__all__ = ["left_behind", "own", "release_here"]
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
@@ -54,3 +54,11 @@ def left_behind(active: Active) -> bool:
         call.stopped = True  # (a window recording all threads goes on: not with this call)
         call.truncated = call.truncated or "scope_abandoned"
     return True
+
+
+def release_here() -> None:
+    """``force_flush()`` / ``shutdown()``: a sampled call left behind in this context is
+    given up first, so that it is exported with the flush instead of pending for ever."""
+    frame = FRAME.get()
+    if frame.__class__ is Active and frame.owner is not None and not frame.call.done:
+        left_behind(frame)

@@ -82,3 +82,15 @@ def test_the_profiler_of_a_held_region_is_off_after_the_next_call() -> None:
         held_open = SLOT.held is not None
     assert (False, True) == (held_open, grown < 20 * 2**20), grown
     assert gen is not None
+
+
+def test_a_flush_on_the_thread_exports_the_call_a_held_region_left_behind() -> None:
+    """``force_flush()`` right after the generator's first step: the call is exported."""
+    with capture(sample_every=1, cold_calls=0) as cap:
+        gen = held_region()
+        next(gen)
+        flushed = profkit.force_flush()
+        held_open = SLOT.held is not None
+    truncated = [c.truncated for c in cap.calls if c.label == "held"]
+    assert (True, False, ["scope_abandoned"]) == (flushed, held_open, truncated)
+    assert gen is not None
