@@ -45,7 +45,7 @@ from .._targeting.slow import Timed
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import watch_loop
-from .owner import OwnedOff, left_behind, own
+from .owner import left_behind, own
 from .scope import (
     FRAME,
     GLOBAL,
@@ -163,8 +163,8 @@ class batch:
             return self
         frame = FRAME.get()
         session = GLOBAL.session
-        if (frame.__class__ is Active or frame.__class__ is OwnedOff) and frame.owner:
-            frame = None if left_behind(frame) else frame  # left behind: a root call
+        if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
+            frame = None  # left behind by a scope that never exited: this is a root call
         nested = frame is not None and (frame is OFF or not frame.call.done)
         if self._entered is not None:  # re-entered while entered (``with b: with b:``)
             self._outer = self._outer or []

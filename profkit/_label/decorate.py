@@ -24,7 +24,7 @@ from .._model import CodeInfo
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
-from .owner import own, own_off
+from .owner import own
 from .routes import warn_if_route
 from .scope import FRAME, OFF, Active, OffCall, enter, exit_, sync_call, undo_enter
 
@@ -352,13 +352,7 @@ class region:
         except BaseException as exc:  # landed after enter() set the frame: __exit__ won't run
             undo_enter(outer, exc)
             raise
-        if outer is None and entered is not None and entered.__class__ is not Active:
-            try:  # an unsampled root (OFF, or timed): in a generator, its frame is owned
-                entered = own_off(entered, OFF, 1)
-            except BaseException as exc:  # a signal's: undone
-                undo_enter(outer, exc)
-                raise
-        elif entered.__class__ is Active and entered.session is not None:  # a sampled root
+        if entered.__class__ is Active and entered.session is not None:  # a sampled root
             try:
                 watch_loop(entered.call)
                 own(entered, 1)  # a scope held across a generator's yield is found left behind

@@ -19,9 +19,8 @@ from typing import Any
 
 from .._capture.keeper import yielded
 from .frame import FRAME, Active
-from .offcall import OffCall
 
-__all__ = ["OwnedOff", "left_behind", "own", "own_off", "release_here"]
+__all__ = ["left_behind", "own", "release_here"]
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
@@ -35,34 +34,12 @@ def own(active: Any, depth: int) -> None:
             active.owner = (caller, threading.get_ident())
 
 
-class OwnedOff(OffCall):
-    """The frame of an unsampled root ``region()`` entered in a plain generator's frame: an
-    :class:`OffCall` (nested scopes record nothing; done once it ended) that notes its owner,
-    so that one held across ``yield`` and left behind lets later calls be root calls."""
-
-    __slots__ = ("owner",)
-    owner: tuple[Any, int]
-
-
-def own_off(entered: Any, off_marker: Any, depth: int) -> Any:
-    """An unsampled root region (``entered``: ``off_marker``, or a timed one) entered ``depth``
-    frames above the caller in a plain generator's frame: its frame becomes an
-    :class:`OwnedOff`, which it returns in place of ``off_marker``; else ``entered`` as it is."""
-    caller = sys._getframe(depth + 1)
-    if not caller.f_code.co_flags & inspect.CO_GENERATOR:
-        return entered
-    off = OwnedOff()
-    off.owner = (caller, threading.get_ident())
-    FRAME.set(off)
-    return off if entered is off_marker else entered
-
-
-def left_behind(active: Any) -> bool:
+def left_behind(active: Active) -> bool:
     """Whether the sampled call of the owned frame ``active`` was left behind: its owner
     frame no longer runs on its thread, which is this one (a context copied to another
     thread is never judged). Then its window is cut (the call exported, ``truncated=
     "scope_abandoned"``) and the frame reset: the caller is a root call."""
-    frame, tid = active.owner  # (owned: never None here)
+    frame, tid = active.owner  # type: ignore[misc]
     if tid != threading.get_ident():
         return False
     f: Any = sys._getframe(1)
@@ -71,9 +48,6 @@ def left_behind(active: Any) -> bool:
             return False
         f = f.f_back
     FRAME.set(None)
-    if active.__class__ is OwnedOff:
-        active.append(True)  # done: the unsampled call it stood for is over
-        return True
     call = active.call
     if not call.stopped:
         yielded(call, "scope_abandoned")

@@ -41,7 +41,7 @@ from .._text import escape
 from .compiler import compiled_away, compiling
 from .frame import FRAME, Active
 from .offcall import OffCall
-from .owner import OwnedOff, left_behind
+from .owner import left_behind
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
@@ -148,8 +148,8 @@ def enter(
     or an :class:`Active`.
     """
     frame = FRAME.get()
-    if (frame.__class__ is Active or frame.__class__ is OwnedOff) and frame.owner is not None:
-        frame = None if left_behind(frame) else frame  # left behind: this is a root call
+    if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
+        frame = None  # left behind by a scope that never exited: this is a root call
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
         session = GLOBAL.session
         if session is None or not session.active:
@@ -244,10 +244,6 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
     if entered is OFF:
         if restore:
             FRAME.set(None)
-        return
-    if entered.__class__ is OwnedOff:  # an unsampled root region of a generator ends
-        entered.append(True)  # (done: a copy of the context left with it is stale)
-        FRAME.set(None) if restore else None
         return
     if entered.__class__ is Timed or entered.__class__ is Control:  # an unprofiled root, timed
         FRAME.set(None) if restore else None

@@ -94,33 +94,3 @@ def test_a_flush_on_the_thread_exports_the_call_a_held_region_left_behind() -> N
     truncated = [c.truncated for c in cap.calls if c.label == "held"]
     assert (True, False, ["scope_abandoned"]) == (flushed, held_open, truncated)
     assert gen is not None
-
-
-def test_an_unsampled_root_region_held_by_a_generator_lets_later_calls_be_roots() -> None:
-    """The generator's root region not sampled (the label's pick spent): later calls count."""
-    with capture(sample_every=1000, cold_calls=0) as cap:
-        with profkit.region("held"):  # the label's first call: its 1-in-1000 pick
-            pass
-        gen = held_region()
-        next(gen)
-        for _ in range(50):
-            later()
-        assert profkit.force_flush()
-    assert (52, 2) == (cap.stats["root_calls"], cap.stats["sampled"])  # (later's first call)
-    assert gen is not None
-
-
-def test_an_unsampled_generator_region_that_runs_on_keeps_its_nested_calls() -> None:
-    """While the generator runs, its unsampled region's nested calls stay nested (no roots)."""
-
-    def stream() -> Iterator[int]:
-        with profkit.region("stream"):
-            for i in range(3):
-                later()
-                yield i
-
-    with capture(sample_every=1000, cold_calls=0) as cap:
-        with profkit.region("stream"):  # the label's first call: its pick
-            pass
-        assert [0, 1, 2] == list(stream())
-    assert 2 == cap.stats["root_calls"]
