@@ -163,9 +163,9 @@ class batch:
             return self
         frame = FRAME.get()
         session = GLOBAL.session
-        if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
-            frame = None  # left behind by a scope that never exited: this is a root call
         nested = frame is not None and (frame is OFF or not frame.call.done)
+        if nested and frame.__class__ is Active and frame.owner and left_behind(frame):
+            frame, nested = None, False  # left behind by a scope that never exited: a root
         if self._entered is not None:  # re-entered while entered (``with b: with b:``)
             self._outer = self._outer or []
             self._outer.append(self._entered)  # its exit is the outer one's (nested: a region)

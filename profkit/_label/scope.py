@@ -148,8 +148,6 @@ def enter(
     or an :class:`Active`.
     """
     frame = FRAME.get()
-    if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
-        frame = None  # left behind by a scope that never exited: this is a root call
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
         session = GLOBAL.session
         if session is None or not session.active:
@@ -180,6 +178,8 @@ def enter(
         except BaseException as exc:
             _abort_root(call, session, exc)
             raise
+    if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
+        return enter(label, attributes, code, spec, sync, off)  # (reset: now a root call)
     if frame is OFF or frame.call.stopped:
         return None
     try:
