@@ -16,6 +16,7 @@ from ._capture import keeper as _keeper
 from ._capture.window import started_before_fork
 from ._config import Config, build_config
 from ._deadline import Deadline, timeout_s
+from ._label.owner import release_here
 from ._label.scope import GLOBAL
 from ._sampling import check_trigger
 from ._session import Session
@@ -285,7 +286,9 @@ def stats() -> StatsSnapshot:
 def force_flush(timeout: float | None = 5.0) -> bool:
     """Export everything sampled so far; True when it all went out within ``timeout`` s
     (None: however long it takes; a timeout that is not a number raises ValueError)."""
-    return _flush(timeout_s(timeout), True)
+    seconds = timeout_s(timeout)
+    release_here()  # a call left behind by a scope that never exits: exported now
+    return _flush(seconds, True)
 
 
 def flush_ahead(timeout: float) -> bool:
@@ -326,6 +329,7 @@ def shutdown(timeout: float | None = 5.0) -> bool:
     :func:`force_flush`, checked before anything is stopped.
     """
     deadline = Deadline(timeout_s(timeout))
+    release_here()  # a call left behind by a scope that never exits: exported now
     install(None, closing=True)
     flushed = _answer_for_closing(deadline, run=True)  # this session's, and any still closing
     with _lifecycle:  # (a configure() that started meanwhile has its session in by now)
@@ -380,7 +384,7 @@ def _at_exit() -> None:
         _keeper.stop_left_at_exit()
     except Exception as exc:
         _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
-    if started_before_fork():
+    if started_before_fork() and not _hooks.native_exit_armed():
         _errors.log.warning(
             "profkit: this process was forked after a torch profiler ran in its parent; its "
             "exit may hang in torch's kineto teardown (ConfigLoader). Configure profkit after "

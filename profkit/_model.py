@@ -169,10 +169,13 @@ class BatchSummary:
     """Every valid member, in the order given (unsampled traces too: they share the batch)."""
     weighted: bool = False
     """Shares come from ``weights`` (else each member has 1/size)."""
+    truncated: int = 0
+    """Members past the first ``MAX_MEMBERS`` (never read: no member span, no link; 1 for an
+    iterable of unknown length that had more)."""
 
     @property
     def size(self) -> int:
-        return len(self.members)
+        return len(self.members) + self.truncated
 
 
 @dataclasses.dataclass(frozen=True)

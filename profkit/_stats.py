@@ -72,6 +72,9 @@ class StatsSnapshot(TypedDict):
     batch_members_unsampled: int
     """Members of profiled batches that got no member span: their trace was not sampled (or
     they had no span when ``batch_member()`` was called)."""
+    batch_members_truncated: int
+    """Members of profiled batches past the first ``profkit.batch.MAX_MEMBERS`` (128): never
+    read, no member span, no link (1 for an iterable of unknown length that had more)."""
     batch_members_invalid: int
     """Members given to ``profkit.batch()`` that were not ``batch_member()`` tokens (left out)."""
     batch_weights_invalid: int
@@ -234,6 +237,7 @@ class Stats:
             otlp_spans_failed=counts.get("otlp_spans_failed", 0),
             slow_calls=self.slow_calls() if self.slow_calls is not None else {},
             batch_members_unsampled=counts.get("batch_members_unsampled", 0),
+            batch_members_truncated=counts.get("batch_members_truncated", 0),
             batch_members_invalid=counts.get("batch_members_invalid", 0),
             batch_weights_invalid=counts.get("batch_weights_invalid", 0),
             metrics_shed=counts.get("metrics_shed", 0),

@@ -19,6 +19,7 @@ Checked against torch 2.3-2.13.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import threading
 from collections.abc import Callable
@@ -34,7 +35,9 @@ __all__ = [
     "at_fork_in_child",
     "before_exit",
     "cancel_at_exit",
+    "exit_past_native_teardown",
     "install_profiler_hooks",
+    "native_exit_armed",
     "profiler_hooked",
     "remove_profiler_hooks",
 ]
@@ -52,6 +55,7 @@ class _State:
     exit_callbacks: list[Callable[[], None]] = []  # noqa: RUF012
     before_exit_callbacks: list[Callable[[], None]] = []  # noqa: RUF012
     before_exit_registered = False
+    native_exit = False
 
 
 _state = _State()
@@ -119,6 +123,37 @@ def cancel_at_fork(key: str) -> None:
 def _run_fork_callbacks() -> None:
     for callback in list(_state.fork_callbacks.values()):
         callback()
+
+
+def exit_past_native_teardown() -> None:
+    """In a forked child of a process where torch's profiler ran: end the process with its
+    exit status once the interpreter has finalised, ahead of the C-level exit handlers
+    registered before the fork (glibc ``on_exit``; elsewhere nothing is done).
+
+    The first profiler start creates kineto's config-polling thread; a forked child has its
+    ``std::thread`` without the thread, and the static ``ConfigLoader``'s destructor joins it
+    at ``exit()``: the child hangs for ever, or aborts (``std::system_error``), however it
+    ends its Python (torch 2.13, with or without profkit; issue 38). Everything Python runs
+    at exit still runs (``atexit`` hooks, flushes, finalisers); what is skipped is the C and
+    C++ teardown inherited from the parent (static destructors, C ``atexit`` handlers), as
+    with ``os._exit``. Handlers the child registers itself run first (last in, first out).
+    """
+    if _state.native_exit:
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        on_exit = libc.on_exit
+        end = ctypes.cast(libc._exit, ctypes.c_void_p)
+    except (OSError, AttributeError):  # not glibc: the documented hang stays torch's
+        return
+    on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    # on_exit calls end(status, NULL): _exit(status), its second argument unread
+    _state.native_exit = on_exit(end, None) == 0
+
+
+def native_exit_armed() -> bool:
+    """Whether :func:`exit_past_native_teardown` took effect in this process."""
+    return _state.native_exit
 
 
 def at_exit(callback: Callable[[], None]) -> None:

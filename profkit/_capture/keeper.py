@@ -299,13 +299,14 @@ def close_idle(keeper: WindowKeeper, stopping: bool = False) -> None:
         _discard_if_still(win, "owner_exited")
 
 
-def yielded(call: CallRecord) -> None:
-    """A sampled generator root yielded; its next step may run on another thread. Its
-    thread-local window stops now (the calls are exported as truncated, ``"first_step"``);
-    a window recording all threads goes on (any thread can stop it)."""
+def yielded(call: CallRecord, reason: str = "first_step") -> None:
+    """A sampled generator root yielded (its next step may run on another thread), or a root
+    scope was left behind, never to exit (``"scope_abandoned"``, ``owner.left_behind``). Its
+    thread-local window stops now (the calls are exported as truncated, ``reason``); a
+    window recording all threads goes on (any thread can stop it)."""
     win: Window = call.window
     if not win.config.all_threads and SLOT.held is win and win.owner == threading.get_ident():
-        win.keeper.truncate(win, "first_step")
+        win.keeper.truncate(win, reason)
 
 
 def checkpoint() -> None:

@@ -91,6 +91,8 @@ def _note_fork_in_child() -> None:
     global _forked_after_start, _prime_lock
     _forked_after_start = _forked_after_start or _started_in_pid != 0
     _prime_lock = threading.RLock()  # (another thread's priming held it at fork: not here)
+    if _forked_after_start:  # kineto's thread is not here: its teardown would hang the exit
+        _hooks.exit_past_native_teardown()
 
 
 def foreign_profiler_active() -> bool:

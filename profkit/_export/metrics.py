@@ -95,6 +95,7 @@ _OUTCOMES = (
 _COUNTS = (
     "shared_label_calls",
     "batch_members_unsampled",
+    "batch_members_truncated",
     "batch_members_invalid",
     "batch_weights_invalid",
     "otlp_spans_failed",

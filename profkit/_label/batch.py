@@ -9,7 +9,15 @@ label, as any root call) or when a member asked (baggage ``profkit.profile`` wit
 ``baggage_trigger``, or the request itself profiled by a trigger or by baggage): then the
 batch span links every member's span and each member's trace gets a span of its own with its
 share (:mod:`profkit.exporters.otel`). Off-sample, :func:`batch_member` is a few context
-reads and one small object; :class:`batch` one pass over the members and the decision.
+reads and one small object; :class:`batch` one pass over at most :data:`MAX_MEMBERS`
+members and the decision.
+
+Bounds: a batch reads at most :data:`MAX_MEMBERS` (128, OpenTelemetry's default span link
+limit) of its members, whatever their number (an iterable that never ends included), so the
+request pays the same for a batch of 100k as for one of 128: those members get a member span
+and a link each; the rest are never read, counted in ``batch_members_truncated`` when the
+batch is profiled, and share the batch equally (``weights`` are then not read) so that
+``profkit.batch.size`` (the length of ``members`` when it has one) stays the batch's size.
 
 Inside another profkit scope a batch is a region (nested scopes only label): it has no
 batch spans. profkit never raises into the batcher: a member that is not a token (None, a
@@ -19,6 +27,7 @@ request object) is counted (``batch_members_invalid``) and left out, bad ``weigh
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Iterable
@@ -36,9 +45,23 @@ from .._targeting.slow import Timed
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import watch_loop
-from .scope import FRAME, GLOBAL, OFF, Active, _abort_root, _open, enter, exit_, undo_enter
+from .owner import left_behind, own
+from .scope import (
+    FRAME,
+    GLOBAL,
+    OFF,
+    Active,
+    _abort_root,
+    _open,
+    enter,
+    exit_,
+    undo_enter,
+)
 
-__all__ = ["BatchMember", "batch", "batch_member"]
+__all__ = ["MAX_MEMBERS", "BatchMember", "batch", "batch_member"]
+
+#: members of a batch read at most (OpenTelemetry's default span link limit): see above
+MAX_MEMBERS = 128
 
 _SAMPLED = TraceFlags.SAMPLED
 _TRIGGER = Policy.TRIGGER
@@ -124,7 +147,7 @@ class batch:
     else 1/size. One object serves one ``with``.
     """
 
-    __slots__ = ("_entered", "_members", "_weights", "label")
+    __slots__ = ("_entered", "_members", "_outer", "_weights", "label")
 
     def __init__(
         self, label: str, members: Iterable[Any], weights: Iterable[float] | None = None
@@ -133,6 +156,7 @@ class batch:
         self._members = members
         self._weights = weights
         self._entered: Any = None
+        self._outer: list[Any] | None = None  # only when one object re-enters
 
     def __enter__(self) -> batch:
         if compiling() and compiled_away(self.label):
@@ -140,6 +164,12 @@ class batch:
         frame = FRAME.get()
         session = GLOBAL.session
         nested = frame is not None and (frame is OFF or not frame.call.done)
+        if nested and frame.__class__ is Active and frame.owner and left_behind(frame):
+            frame, nested = None, False  # left behind by a scope that never exited: a root
+        if self._entered is not None:  # re-entered while entered (``with b: with b:``)
+            self._outer = self._outer or []
+            self._outer.append(self._entered)  # its exit is the outer one's (nested: a region)
+            self._entered = None
         try:
             if nested or session is None or not session.active:
                 self._entered = enter(self.label, {}, None)  # a region (or nothing at all)
@@ -147,11 +177,13 @@ class batch:
                 self._entered = _enter_root(session, self.label, self._members, self._weights)
         except BaseException as exc:  # landed after the frame was set: __exit__ won't run
             undo_enter(frame, exc)
+            self._entered = self._outer.pop() if self._outer else None  # the outer's, if any
             raise
         entered = self._entered
         if entered.__class__ is Active and entered.session is not None:  # a sampled root
             try:  # (as a region's: one across an await says "window")
                 watch_loop(entered.call)
+                own(entered, 1)  # one entered and never exited is found left behind
             except BaseException as exc:  # a signal's, at its first instruction: undone
                 self._entered = None
                 undo_enter(frame, exc)
@@ -161,7 +193,7 @@ class batch:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         entered = self._entered
         try:  # (the reset inside: a signal's exception after it still gets the exit retried)
-            self._entered = None
+            self._entered = self._outer.pop() if self._outer else None
             exit_(entered, exc)
         except BaseException:  # a signal's exception cut the first attempt short
             exit_(entered, exc)
@@ -182,7 +214,7 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
     try:
         FRAME.set(OFF)
         decision = NOT_PROFILED
-        found: tuple[list[Any], list[BatchMember], bool] = ([], [], False)
+        found: tuple[list[Any], list[BatchMember], bool, int] = ([], [], False, 0)
         try:
             found = _valid(session.stats, members)
         except Exception as exc:
@@ -200,7 +232,7 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
             return OFF
         call = decision[1]
         try:
-            call.batch = _summary(session.stats, found[0], found[1], weights)
+            call.batch = _summary(session.stats, found[0], found[1], weights, found[3])
         except Exception as exc:  # the call is still profiled, as a plain one
             _errors.internal(session.stats, "batch", exc)
         return _open(call, None, session, label, {}, None)
@@ -209,24 +241,46 @@ def _enter_root(session: Any, label: str, members: Any, weights: Any) -> Any:
         raise
 
 
-def _valid(stats: Any, members: Any) -> tuple[list[Any], list[BatchMember], bool]:
-    """``members`` as a list, the tokens among them, whether one asked (what the decision
-    needs: the weights are read only once the batch is profiled, :func:`_summary`).
+def _valid(stats: Any, members: Any) -> tuple[list[Any], list[BatchMember], bool, int]:
+    """The first :data:`MAX_MEMBERS` of ``members`` as a list, the tokens among them, whether
+    one asked (what the decision needs: the weights are read only once the batch is
+    profiled, :func:`_summary`), and how many members were left unread (their number when
+    ``members`` has a length, else 1: at least one more).
 
     What is not a token is counted and left out (``batch_members_invalid``).
     """
     try:
-        items = list(members)
+        items = list(itertools.islice(members, MAX_MEMBERS))
+        extra = 0
+        if len(items) == MAX_MEMBERS:
+            extra = _unread(members, items)
     except Exception as exc:  # not iterable, or its iteration failed: nothing to batch
         if _errors.foreign(exc):  # a signal handler's (a timeout): the application's
             raise
         stats.add("batch_members_invalid")
-        return [], [], False
+        return [], [], False, 0
     valid = [m for m in items if m.__class__ is BatchMember]
     if len(valid) != len(items):
         stats.add("batch_members_invalid", len(items) - len(valid))
     asked = any(m.asked and not _in_unsampled_trace(m.span_context) for m in valid)
-    return items, valid, asked
+    return items, valid, asked, extra
+
+
+def _unread(members: Any, items: list[Any]) -> int:
+    """Members past the ``items`` read: by the length of ``members`` when it has one (a list,
+    a tuple), else 1 if its iterator gives one more (an iterator of unknown length)."""
+    if hasattr(members, "__len__"):
+        try:
+            return max(0, len(members) - len(items))
+        except Exception as exc:
+            if _errors.foreign(exc):
+                raise
+    if iter(members) is members:  # an iterator: the next item, if any, is the only one read
+        return 1 if next(members, _END) is not _END else 0
+    return 0  # an iterable of no length that is not an iterator: read afresh, not guessed
+
+
+_END = object()
 
 
 def _in_unsampled_trace(sc: Any) -> bool:
@@ -272,7 +326,7 @@ def _weights(items: list[Any], weights: Any) -> list[float] | None:
 
 
 def _summary(
-    stats: Any, items: list[Any], members: list[BatchMember], given: Any
+    stats: Any, items: list[Any], members: list[BatchMember], given: Any, extra: int = 0
 ) -> BatchSummary | None:
     """The profiled batch's members with their shares; counts those with no member span.
 
@@ -280,13 +334,18 @@ def _summary(
     ``tolist()`` waits for the device): not one finite number >= 0 per item of ``items``,
     with a positive sum, they are counted (``batch_weights_invalid``) and give equal shares.
     With no token there is nothing to weigh (an empty batch's empty weights are not bad).
+    ``extra`` members were left unread (:data:`MAX_MEMBERS`): counted, shares equal, the
+    weights unread.
     """
     if not members:
         return None
+    if extra:
+        stats.add("batch_members_truncated", extra)
+        given = None
     weights = _weights(items, given) if given is not None else None
     if given is not None and weights is None:
         stats.add("batch_weights_invalid")
-    total = sum(weights) if weights is not None else float(len(members))
+    total = sum(weights) if weights is not None else float(len(members) + extra)
     out = []
     for i, m in enumerate(members):
         sc = m.span_context
@@ -296,4 +355,4 @@ def _summary(
     unsampled = sum(1 for m in out if not m.sampled)
     if unsampled:
         stats.add("batch_members_unsampled", unsampled)
-    return BatchSummary(tuple(out), weighted=weights is not None)
+    return BatchSummary(tuple(out), weighted=weights is not None, truncated=extra)

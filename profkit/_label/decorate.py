@@ -24,6 +24,7 @@ from .._model import CodeInfo
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
+from .owner import own
 from .routes import warn_if_route
 from .scope import FRAME, OFF, Active, OffCall, enter, exit_, sync_call, undo_enter
 
@@ -354,6 +355,7 @@ class region:
         if entered.__class__ is Active and entered.session is not None:  # a sampled root
             try:
                 watch_loop(entered.call)
+                own(entered, 1)  # a scope held across a generator's yield is found left behind
             except BaseException as exc:  # a signal's, at its first instruction: undone
                 undo_enter(outer, exc)
                 raise

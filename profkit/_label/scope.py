@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 from .. import _errors
@@ -40,7 +39,9 @@ from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
 from .._text import escape
 from .compiler import compiled_away, compiling
+from .frame import FRAME, Active
 from .offcall import OffCall
+from .owner import left_behind
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
@@ -54,25 +55,6 @@ class _Off:
 
 #: the frame value inside an unsampled root call
 OFF: Any = _Off()
-
-
-class Active:
-    """Frame value inside a sampled call: the call, the innermost scope and the frame before.
-
-    It is also what :func:`enter` returns for a sampled scope: :func:`exit_` closes that
-    scope, restores ``parent`` and, for the root (``session`` set), ends the root call.
-    """
-
-    __slots__ = ("call", "parent", "scope", "session")
-
-    def __init__(self, call: CallRecord, scope: int, parent: Active | None, session: Any) -> None:
-        self.call = call
-        self.scope = scope
-        self.parent = parent
-        self.session = session
-
-
-FRAME: ContextVar[Any] = ContextVar("profkit_frame", default=None)
 
 
 class _Global:
@@ -196,6 +178,8 @@ def enter(
         except BaseException as exc:
             _abort_root(call, session, exc)
             raise
+    if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
+        return enter(label, attributes, code, spec, sync, off)  # (reset: now a root call)
     if frame is OFF or frame.call.stopped:
         return None
     try:
@@ -333,13 +317,22 @@ def sync_call(
     pk_leave_nested, pk_leave_root, pk_slot = _leave_nested, _leave_root, SLOT
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
     pk_controlled, pk_offcall = CONTROLLED, OffCall
-    pk_abandoned, pk_now = _abandoned, time.perf_counter_ns
+    pk_abandoned, pk_now, pk_left_behind = _abandoned, time.perf_counter_ns, left_behind
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
             return pk_fn(*args, **kwargs)
         frame = pk_get()
-        if frame is not None and (frame is pk_off or not frame.call.done):
+        if (
+            frame is not None
+            and (frame is pk_off or not frame.call.done)
+            and (
+                frame is pk_off
+                or frame.__class__ is pk_offcall
+                or frame.owner is None
+                or not pk_left_behind(frame)  # (left behind: this call is a root call)
+            )
+        ):
             if frame is pk_off or frame.__class__ is pk_offcall or frame.call.stopped:
                 return pk_fn(*args, **kwargs)
             entered = error = None
@@ -358,7 +351,8 @@ def sync_call(
                 except BaseException:  # a signal's exception cut the first attempt short
                     pk_leave_nested(entered, frame, error)
                     raise
-        # a root call (or a frame left behind by a call that ended: stale, so a root too)
+        # a root call (or a frame left behind by a call that ended, or by a scope that never
+        # exited: stale, so a root too)
         session = pk_global.session
         if session is None or not session.active:
             if pk_slot.held is not None:  # a window this thread still holds closes

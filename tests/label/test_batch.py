@@ -618,3 +618,64 @@ def test_an_unprofiled_batch_never_reads_its_weights(
     _, member_spans = _batch_and_members(cap.spans(), "forward")
     shares = [(m.attributes or {})["profkit.batch.share"] for m in member_spans]
     assert (1, [0.25, 0.75]) == (weights.reads, shares)
+
+
+def test_a_batch_of_many_members_gives_spans_and_links_to_the_first_128(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """10k members: 128 member spans and links, the rest counted; the size is the batch's."""
+    with batching(provider) as (cap, tracer):
+        with tracer.start_as_current_span("request"):
+            token = profkit.batch_member()
+        with profkit.batch("forward", [token] * 10_000):
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    batch, members = _batch_and_members(cap.spans(), "forward")
+    assert (10_000, 128, 128) == (
+        (batch.attributes or {})["profkit.batch.size"],
+        len(batch.links),
+        len(members),
+    )
+    assert [1 / 10_000] == sorted({(m.attributes or {})["profkit.batch.share"] for m in members})
+    assert 10_000 - 128 == cap.stats["batch_members_truncated"]
+
+
+def test_a_members_iterable_that_never_ends_is_read_129_items_deep(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """An endless members generator: the batch reads 129 items, runs, and counts the rest."""
+    read = 0
+
+    def endless(token: profkit.BatchMember) -> Iterator[profkit.BatchMember]:
+        nonlocal read
+        while True:
+            read += 1
+            yield token
+
+    with batching(provider) as (cap, tracer):
+        with tracer.start_as_current_span("request"):
+            token = profkit.batch_member()
+        with profkit.batch("forward", endless(token)):
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    _, members = _batch_and_members(cap.spans(), "forward")
+    assert (129, 128, 1) == (read, len(members), cap.stats["batch_members_truncated"])
+
+
+def test_a_batch_entered_twice_is_one_root_call_that_ends(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """``with b: with b:``: one batch root that ends; later root calls are counted as usual."""
+    with batching(provider) as (cap, tracer):
+        with tracer.start_as_current_span("request"):
+            token = profkit.batch_member()
+        b = profkit.batch("forward", [token])
+        with b, b:
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+
+        @profkit.profiled("later")
+        def later() -> None:
+            torch.mm(torch.randn(4, 4), torch.randn(4, 4))
+
+        for _ in range(10):
+            later()
+        assert profkit.force_flush()
+    assert (11, 11) == (cap.stats["root_calls"], cap.stats["sampled"])

@@ -1,7 +1,8 @@
-"""A child forked after a profiler ran in its parent: profkit warns at the child's exit.
+"""A child forked after a profiler ran in its parent ends with ``sys.exit(0)``.
 
-The child may hang in kineto's teardown (torch upstream): the parent kills it after 10 s
-and reports None.
+Without profkit's at-fork exit hook (glibc's ``on_exit``) the child hangs in kineto's teardown
+(torch upstream), and profkit warns at its exit: the parent kills it after 10 s and reports
+None.
 """
 
 import os
