@@ -44,9 +44,8 @@ __all__ = [
 #: re-entrant: a signal handler's configure(), force_flush() or shutdown() may land while its
 #: thread holds it (its sections are short and leave the state whole at every step)
 _configure_lock = threading.RLock()
-#: held while a session starts and is swapped in, and while shutdown() takes the hooks out:
-#: a shutdown() on another thread cannot take out the hooks of a session being installed
-#: (reentrant: a signal handler's shutdown() may run inside a configure() on its thread)
+#: held while a session starts and is swapped in, and while shutdown() takes the hooks out (no
+#: shutdown() takes out a starting session's hooks); reentrant for a signal handler's calls
 _lifecycle = threading.RLock()
 
 
@@ -286,9 +285,7 @@ def stats() -> StatsSnapshot:
 def force_flush(timeout: float | None = 5.0) -> bool:
     """Export everything sampled so far; True when it all went out within ``timeout`` s
     (None: however long it takes; a timeout that is not a number raises ValueError)."""
-    seconds = timeout_s(timeout)
-    release_here()  # a call left behind by a scope that never exits: exported now
-    return _flush(seconds, True)
+    return _flush(timeout_s(timeout), True)
 
 
 def flush_ahead(timeout: float) -> bool:
@@ -305,10 +302,9 @@ def write_off(reason: str, grace_s: float) -> int:
 
 
 def close_idle_here() -> None:
-    """Close the window that waits on this thread for more calls (``window`` > 1), of the
-    global session or one still closing, so that a flush on another thread exports it (the
-    FastAPI integration's: its flush runs in the thread pool, the window waits on the
-    event loop's thread)."""
+    """Close the window waiting on this thread for more calls (``window`` > 1), of the global
+    session or one still closing, so a flush on another thread exports it (FastAPI's: its
+    flush runs in the thread pool, the window waits on the event loop's thread)."""
     with _configure_lock:
         sessions = [s for s in (get_session(), *_closing) if s is not None]
     for session in sessions:
@@ -316,6 +312,7 @@ def close_idle_here() -> None:
 
 
 def _flush(seconds: float, answering: bool) -> bool:
+    release_here()  # a call left behind by a scope that never exits: exported now
     deadline = Deadline(seconds)
     session = get_session()
     flushed = True if session is None else session.force_flush(seconds, answering)
@@ -386,10 +383,9 @@ def _at_exit() -> None:
         _errors.log.debug("profkit: stopping a leftover profiler at exit failed: %r", exc)
     if started_before_fork() and not _hooks.native_exit_armed():
         _errors.log.warning(
-            "profkit: this process was forked after a torch profiler ran in its parent; its "
-            "exit may hang in torch's kineto teardown (ConfigLoader). Configure profkit after "
-            "fork (gunicorn: post_fork hook) or end forked children with os._exit; see "
-            "profkit's reliability docs, 'fork()'."
+            "profkit: this process was forked after a torch profiler ran in its parent; its exit "
+            "may hang in kineto's teardown (ConfigLoader). Configure profkit after fork (gunicorn:"
+            " post_fork hook) or end forked children with os._exit (reliability docs, 'fork()')."
         )
 
 
