@@ -31,6 +31,7 @@ from ._records import CallRecord
 from ._sampling import Triggered
 from ._stats import Stats
 from ._targeting.slow import LatencyBook, Speculation, Timed
+from ._targeting.stages import StageRecorder
 from ._targeting.verdict import judge
 
 __all__ = ["Decision", "Session"]
@@ -96,6 +97,13 @@ class Session(Decider):
         #: ``timed((label, ns))``: an unprofiled root call that was timed has ended
         self.timed: Any = _noting(self._book.note) if self._book is not None else None
         self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
+        if self._book is not None:  # a slow call left unprofiled: a stage record
+            self.staging = StageRecorder(
+                self._book,
+                self.stats,
+                self.pipeline.offer,
+                config.max_per_minute,
+            )
         if self.metrics is not None:
             self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
@@ -110,6 +118,8 @@ class Session(Decider):
         ``capture_slow``)."""
         book = self._book
         self.timed = metrics.timed if book is None else _both(book.note, metrics.timed)
+        if self.staging is not None:
+            self.staging.also = metrics.timed
 
     # -- request path -----------------------------------------------------------------------
 
@@ -161,6 +171,8 @@ class Session(Decider):
                     self.prime_seconds = prime(self.config)
             self._build_spare()
             self.pipeline.start()
+            if self.staging is not None:
+                self.staging.start()
             if self.metrics is not None:
                 self.metrics.start()
 
@@ -223,6 +235,8 @@ class Session(Decider):
         left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
         _count_idle_left(self)
+        if self.staging is not None:
+            self.staging.stop()
         if self.metrics is not None:
             with guard(self.stats, "metrics"):  # (measurements shed: False)
                 flushed = self.metrics.shutdown(deadline) and flushed
@@ -301,7 +315,7 @@ class _Once:
         return self.value
 
 
-def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], None]:
+def _noting(note: Callable[[str, int], object]) -> Callable[[tuple[str, int]], None]:
     """``timed`` with ``capture_slow``: ``(label, ns)`` into the latency book's ``note``."""
 
     def timed(item: tuple[str, int], _note: Any = note) -> None:
@@ -311,7 +325,7 @@ def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], Non
 
 
 def _both(
-    note: Callable[[str, int], None], metrics: Callable[[tuple[str, int]], None]
+    note: Callable[[str, int], object], metrics: Callable[[tuple[str, int]], None]
 ) -> Callable[[tuple[str, int]], None]:
     """``timed`` with ``capture_slow`` and ``metrics`` both on: the book, then the metrics."""
 

@@ -38,7 +38,8 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    Its wall-clock time goes where a ``TIMED`` call's goes.
 6. ``capture_slow``: a speculative window (``SPECULATIVE``) when the label has a baseline and
    the same gates allow (refusals are not counted: nothing was sampled), else the call is
-   ``TIMED``.
+   ``STAGED``: timed with its regions, a stage record if it turns out slow
+   (:mod:`profkit._targeting.stages`).
 7. Otherwise ``OFF``.
 
 With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
@@ -69,16 +70,18 @@ from .._records import CallRecord, Policy
 from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
+from .._targeting.stages import StageRecorder, Stages
 from .controls import Controls
 from .gate import Gate
 from .keeper import WindowKeeper, held_here
-from .kinds import CONTROLLED, OFF, PROFILED, TIMED, Decision, Kind
+from .kinds import CONTROLLED, OFF, PROFILED, STAGED, TIMED, Decision, Kind
 from .slot import SLOT
 
 __all__ = [
     "CONTROLLED",
     "OFF",
     "PROFILED",
+    "STAGED",
     "TIMED",
     "Controls",
     "Decider",
@@ -162,6 +165,8 @@ class Decider:
         self.control_due = self.controls.due
         #: the sink of an unprofiled call's wall-clock time (the Session sets it: ``timed``)
         self.timed: Any = None
+        #: ``capture_slow``: the stage records of calls left unprofiled (the Session sets it)
+        self.staging: StageRecorder | None = None
 
     def decide(
         self,
@@ -284,6 +289,9 @@ class Decider:
             if call is not None:
                 return (PROFILED, call)
             spec.refused()
+        staging = self.staging
+        if staging is not None:  # its regions timed too: a stage record if it is slow
+            return (STAGED, Stages(staging, label, parent, time.perf_counter_ns()))
         return (TIMED, time.perf_counter_ns())
 
 

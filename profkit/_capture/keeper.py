@@ -22,6 +22,7 @@ from .._records import CallRecord, Policy
 from .._sampling import RateLimiter
 from .._stats import JOINED, SETTLED, Stats
 from .._targeting.slow import Speculation
+from .._targeting.stages import STALLS
 from .._targeting.verdict import judge
 from . import foreign as _foreign
 from . import hooks as _hooks
@@ -106,8 +107,10 @@ class WindowKeeper:
             win = Window(next(self._window_ids), self._config, speculative)
             win.keeper = self
             spare, self.spare = self.spare, None  # built ahead, off the request path
+            t0 = time.perf_counter_ns()
             with guard(self.stats, "profiler_start"):
                 win.start(spare)
+            STALLS.add(time.perf_counter_ns() - t0)  # (every thread stood still meanwhile)
             if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
                 if not speculative:
                     self.stats.settle(call, "profiler_start_failed")
@@ -187,9 +190,11 @@ class WindowKeeper:
             win.closing = win.close_running = True
             cpu0 = time.thread_time()
             stopped = False
+            t0 = time.perf_counter_ns()
             with guard(self.stats, "profiler_stop"):
                 win.stop()
                 stopped = True
+            STALLS.add(time.perf_counter_ns() - t0)
             if win.speculative:
                 self._keep_slow(win, time.thread_time() - cpu0)
             # handed off (queued or counted as dropped) before the slot is freed, so that a

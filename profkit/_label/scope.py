@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .. import _errors
-from .._capture.decide import CONTROLLED, PROFILED, TIMED
+from .._capture.decide import CONTROLLED, PROFILED, STAGED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.loops import arm as arm_loop
@@ -38,6 +38,7 @@ from .._model import CodeInfo
 from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
+from .._targeting.stages import Stages, StageScope
 from .._text import escape
 from .compiler import compiled_away, compiling
 from .offcall import OffCall
@@ -162,8 +163,8 @@ def enter(
     ``off`` is the frame of the call if it is an unsampled root, and what is returned then
     (``OFF``, or a coroutine root's own :class:`OffCall`).
 
-    Returns None (nothing to undo), ``OFF``, a :class:`Timed` or a :class:`Control` (unsampled)
-    or an :class:`Active`.
+    Returns None (nothing to undo), ``OFF``, a :class:`Timed`, a :class:`Control`, a
+    :class:`Stages` or a :class:`StageScope` (unsampled) or an :class:`Active`.
     """
     frame = FRAME.get()
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
@@ -187,7 +188,11 @@ def enter(
             if decision is NOT_PROFILED:
                 return off
             kind, what = decision
-            if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
+            if kind is STAGED:  # capture_slow: unprofiled, timed with its regions
+                what.attributes, what.code = attributes, code
+                FRAME.set(what)
+                return what
+            if kind is TIMED:  # metrics: unprofiled, timed; the frame is OFF
                 return Timed(session.timed, label, what)
             if kind is CONTROLLED:  # unprofiled, timed for its label's baseline
                 return what
@@ -196,7 +201,11 @@ def enter(
         except BaseException as exc:
             _abort_root(call, session, exc)
             raise
-    if frame is OFF or frame.call.stopped:
+    if frame is OFF:
+        return None
+    if frame.__class__ is Stages:  # in an unprofiled root under capture_slow: timed
+        return StageScope(frame, label, attributes, code)
+    if frame.call.stopped:
         return None
     try:
         return _open(frame.call, frame, None, label, attributes, code)
@@ -264,6 +273,13 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
     if entered.__class__ is Timed or entered.__class__ is Control:  # an unprofiled root, timed
         FRAME.set(None) if restore else None
         entered.end()
+        return
+    if entered.__class__ is StageScope:  # a region of an unprofiled root (capture_slow)
+        entered.end()
+        return
+    if entered.__class__ is Stages:  # an unprofiled root with its regions (capture_slow)
+        FRAME.set(None) if restore else None
+        entered.end(error)
         return
     call = entered.call
     try:
@@ -334,13 +350,22 @@ def sync_call(
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
     pk_controlled, pk_offcall = CONTROLLED, OffCall
     pk_abandoned, pk_now = _abandoned, time.perf_counter_ns
+    pk_staged, pk_stages = STAGED, Stages
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
             return pk_fn(*args, **kwargs)
         frame = pk_get()
         if frame is not None and (frame is pk_off or not frame.call.done):
-            if frame is pk_off or frame.__class__ is pk_offcall or frame.call.stopped:
+            if frame is pk_off or frame.__class__ is pk_offcall:
+                return pk_fn(*args, **kwargs)
+            if frame.__class__ is pk_stages:  # an unprofiled root's stage (capture_slow)
+                t0 = pk_now()
+                try:
+                    return pk_fn(*args, **kwargs)
+                finally:  # a clock pair and an append: no torch, no object of its own
+                    frame.append((pk_label, pk_attributes, pk_code, t0, pk_now()))
+            if frame.call.stopped:
                 return pk_fn(*args, **kwargs)
             entered = error = None
             try:
@@ -372,7 +397,11 @@ def sync_call(
                 decision = session.begin_root(pk_label)
             except Exception as exc:
                 pk_internal(session.stats, "begin_root", exc)
-            if decision is pk_no or decision[0] is not pk_profiled:  # (timed: capture_slow)
+            if decision is pk_no:
+                return pk_fn(*args, **kwargs)
+            if decision[0] is not pk_profiled:  # timed (metrics), a control call, staged
+                if decision[0] is pk_staged:  # capture_slow: its frame times its regions
+                    pk_set(decision[1])
                 return pk_fn(*args, **kwargs)
             entered = pk_open(decision[1], None, session, pk_label, pk_attributes, pk_code)
             return pk_fn(*args, **kwargs)
@@ -387,6 +416,9 @@ def sync_call(
             elif decision[0] is pk_timed:
                 pk_reset(token) if token is not None else pk_set(None)
                 session.timed((pk_label, pk_now() - decision[1]))  # a C call (metrics)
+            elif decision[0] is pk_staged:  # capture_slow: a stage record if it was slow
+                pk_reset(token) if token is not None else pk_set(None)
+                decision[1].end(error, pk_attributes, pk_code)
             elif decision[0] is pk_controlled:  # timed for the label's baseline
                 pk_reset(token) if token is not None else pk_set(None)
                 decision[1].end()
