@@ -97,13 +97,7 @@ class Session(Decider):
         #: ``timed((label, ns))``: an unprofiled root call that was timed has ended
         self.timed: Any = _noting(self._book.note) if self._book is not None else None
         self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
-        if self._book is not None:  # a slow call left unprofiled: a stage record
-            self.staging = StageRecorder(
-                self._book,
-                self.stats,
-                self.pipeline.offer,
-                config.max_per_minute,
-            )
+        self.staging = _staging(self)  # capture_slow: a slow call left unprofiled, recorded
         if self.metrics is not None:
             self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
@@ -118,8 +112,6 @@ class Session(Decider):
         ``capture_slow``)."""
         book = self._book
         self.timed = metrics.timed if book is None else _both(book.note, metrics.timed)
-        if self.staging is not None:
-            self.staging.also = metrics.timed
 
     # -- request path -----------------------------------------------------------------------
 
@@ -171,8 +163,6 @@ class Session(Decider):
                     self.prime_seconds = prime(self.config)
             self._build_spare()
             self.pipeline.start()
-            if self.staging is not None:
-                self.staging.start()
             if self.metrics is not None:
                 self.metrics.start()
 
@@ -235,8 +225,6 @@ class Session(Decider):
         left_open = win is not None and win.keeper is self.keeper  # root call counts it)
         flushed = self.pipeline.shutdown(deadline)
         _count_idle_left(self)
-        if self.staging is not None:
-            self.staging.stop()
         if self.metrics is not None:
             with guard(self.stats, "metrics"):  # (measurements shed: False)
                 flushed = self.metrics.shutdown(deadline) and flushed
@@ -313,6 +301,17 @@ class _Once:
         """Its answer once it has run, waiting for it until ``deadline``; never runs it."""
         self.done.wait(deadline.wait_arg())
         return self.value
+
+
+def _staging(session: Session) -> StageRecorder | None:
+    """capture_slow: the session's stage records, else None."""
+    book = session._book
+    if book is None:
+        return None
+    config, metrics = session.config, session.metrics
+    recorder = StageRecorder(book, session.stats, session.pipeline.offer, config.max_per_minute)
+    recorder.also = metrics.timed if metrics is not None else None
+    return recorder
 
 
 def _noting(note: Callable[[str, int], object]) -> Callable[[tuple[str, int]], None]:

@@ -107,10 +107,8 @@ class WindowKeeper:
             win = Window(next(self._window_ids), self._config, speculative)
             win.keeper = self
             spare, self.spare = self.spare, None  # built ahead, off the request path
-            t0 = time.perf_counter_ns()
-            with guard(self.stats, "profiler_start"):
+            with guard(self.stats, "profiler_start"), STALLS.timed():  # (all threads wait)
                 win.start(spare)
-            STALLS.add(time.perf_counter_ns() - t0)  # (every thread stood still meanwhile)
             if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
                 if not speculative:
                     self.stats.settle(call, "profiler_start_failed")
@@ -190,11 +188,9 @@ class WindowKeeper:
             win.closing = win.close_running = True
             cpu0 = time.thread_time()
             stopped = False
-            t0 = time.perf_counter_ns()
-            with guard(self.stats, "profiler_stop"):
+            with guard(self.stats, "profiler_stop"), STALLS.timed():
                 win.stop()
                 stopped = True
-            STALLS.add(time.perf_counter_ns() - t0)
             if win.speculative:
                 self._keep_slow(win, time.thread_time() - cpu0)
             # handed off (queued or counted as dropped) before the slot is freed, so that a

@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 from .. import _errors
@@ -41,6 +40,7 @@ from .._targeting.slow import Timed, sched_ns
 from .._targeting.stages import Stages, StageScope
 from .._text import escape
 from .compiler import compiled_away, compiling
+from .frames import FRAME, GLOBAL, OFF, Active
 from .offcall import OffCall
 
 __all__ = [
@@ -48,44 +48,6 @@ __all__ = [
 ]  # fmt: skip
 
 
-class _Off:
-    __slots__ = ()
-    __repr__ = lambda self: "<profkit unsampled>"  # noqa: E731
-
-
-#: the frame value inside an unsampled root call
-OFF: Any = _Off()
-
-
-class Active:
-    """Frame value inside a sampled call: the call, the innermost scope and the frame before.
-
-    It is also what :func:`enter` returns for a sampled scope: :func:`exit_` closes that
-    scope, restores ``parent`` and, for the root (``session`` set), ends the root call.
-    """
-
-    __slots__ = ("call", "parent", "scope", "session")
-
-    def __init__(self, call: CallRecord, scope: int, parent: Active | None, session: Any) -> None:
-        self.call = call
-        self.scope = scope
-        self.parent = parent
-        self.session = session
-
-
-FRAME: ContextVar[Any] = ContextVar("profkit_frame", default=None)
-
-
-class _Global:
-    """Holder of the default session, so the hot path reads one attribute."""
-
-    __slots__ = ("session",)
-
-    def __init__(self) -> None:
-        self.session: Any = None
-
-
-GLOBAL = _Global()
 #: the arguments of a range: none (``range_enter(label, None)``)
 _NO_ARGS = (None,)
 
@@ -274,13 +236,8 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         FRAME.set(None) if restore else None
         entered.end()
         return
-    if entered.__class__ is StageScope:  # a region of an unprofiled root (capture_slow)
-        entered.end()
-        return
-    if entered.__class__ is Stages:  # an unprofiled root with its regions (capture_slow)
-        FRAME.set(None) if restore else None
-        entered.end(error)
-        return
+    if entered.__class__ is Stages or entered.__class__ is StageScope:  # (capture_slow)
+        return entered.leave(FRAME.set if restore else None, error)
     call = entered.call
     try:
         scope = call.scopes[entered.scope]

@@ -15,7 +15,6 @@ export worker (:mod:`profkit._summary.stages`).
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -37,47 +36,39 @@ STAGE_BAR = 4.0
 
 
 class _Stalls:
-    """The time the process has stood still, ever (ns), while a session with
-    ``capture_slow`` runs: the interpreter collecting garbage (a full collection took 250
-    ms in the test suite's process) and profkit starting and stopping its windows (the
-    window owner adds those, :meth:`add`). Either holds every Python thread (an event loop
-    and all its tasks) still, which makes the calls in flight slow for a reason that is not
-    theirs: a stage record's call is judged without it."""
+    """The time profkit has held the process, ever (ns): its windows' starts and stops (the
+    window owner times them, :meth:`timed`). A start or stop holds every Python thread (an
+    event loop and all its tasks) still, which makes the calls in flight slow for a reason
+    that is not theirs: a stage record's call is judged without it. (Not the garbage
+    collector's pauses: a ``gc.callbacks`` hook is Python code in which a signal handler's
+    exception, a request's timeout, would be swallowed.)"""
 
     def __init__(self) -> None:
         self.ns = 0
-        self._began = 0
-        self._users = 0
-        self._lock = threading.Lock()
 
-    def add(self, ns: int) -> None:
-        """profkit held the process for ``ns`` (a window's start or stop); lock-free: a
-        race loses a few µs, never a call."""
-        self.ns += ns
-
-    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        """``gc.callbacks``' hook: a collection begins or ends (on the thread it runs on)."""
-        if phase == "start":
-            self._began = _now()
-        elif self._began:
-            self.ns += _now() - self._began
-            self._began = 0
-
-    def acquire(self) -> None:
-        """A session with ``capture_slow`` starts: the hook is in while one runs."""
-        with self._lock:
-            self._users += 1
-            if self._users == 1 and self.on_gc not in gc.callbacks:
-                gc.callbacks.append(self.on_gc)
-
-    def release(self) -> None:
-        with self._lock:
-            self._users = max(0, self._users - 1)
-            if not self._users and self.on_gc in gc.callbacks:
-                gc.callbacks.remove(self.on_gc)
+    def timed(self) -> _Timed:
+        """``with STALLS.timed():`` around a window's start or stop (the window owner's)."""
+        return _Timed(self)
 
 
-#: the time the process stood still (one hook, however many sessions)
+class _Timed:
+    """A stretch of time in which profkit held the process (lock-free: a race loses a few
+    µs, never a call)."""
+
+    __slots__ = ("_stalls", "_t0")
+
+    def __init__(self, stalls: _Stalls) -> None:
+        self._stalls = stalls
+        self._t0 = 0
+
+    def __enter__(self) -> None:
+        self._t0 = _now()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stalls.ns += _now() - self._t0
+
+
+#: the time profkit held the process (all sessions)
 STALLS = _Stalls()
 
 
@@ -125,6 +116,13 @@ class Stages(list):  # type: ignore[type-arg]  # (a list: its regions are append
             except Exception as exc:  # counted, never raised into the host
                 _errors.internal(recorder.stats, "stage_record", exc)
 
+    def leave(self, set_frame: Callable[[Any], Any] | None, error: BaseException | None) -> None:
+        """The scope's exit (``profkit._label.scope.exit_``): the frame set back (given its
+        ``set``), then :meth:`end`."""
+        if set_frame is not None:
+            set_frame(None)
+        self.end(error)
+
     def close_scopes(self) -> None:
         """Nothing to close (the scope protocol of an interrupted root call)."""
         return None
@@ -147,6 +145,10 @@ class StageScope:
         self.code = code
         self.t0 = _now()
 
+    def leave(self, set_frame: Any, error: BaseException | None) -> None:
+        """The scope's exit (``profkit._label.scope.exit_``): the frame is the root's."""
+        self.end()
+
     def end(self) -> None:
         """The scope ended: its stage is appended (a second end appends nothing)."""
         stages, self.stages = self.stages, None  # type: ignore[assignment]
@@ -158,8 +160,8 @@ class StageRecorder:
     """A session's stage records: the end of every :class:`Stages`, the slow ones exported.
 
     A call is slow by its label's threshold in the latency book (``slow_ms``, else its
-    recent p95 kept between 2x and 4x its median), on its wall time less the time the
-    process stood still meanwhile (:data:`STALLS`). Unlike a speculative call's verdict, its
+    recent p95 kept between 2x and 4x its median), on its wall time less the time profkit
+    held the process meanwhile (:data:`STALLS`). Unlike a speculative call's verdict, its
     thread's waits for a CPU are not known (reading them costs ~2 µs a call, on every
     call): without ``slow_ms`` the bar is the top of the rule's clamp, :data:`STAGE_BAR`
     times the median (on 8 pool threads of a busy 2-core machine, fast calls held up a few
@@ -178,22 +180,9 @@ class StageRecorder:
         #: the pipeline's ``offer`` (queued for the worker, or counted as dropped)
         self._offer = offer
         self._limiter = RateLimiter(max_per_minute) if max_per_minute else None
-        self._lock = threading.Lock()  # the bucket, taken by slow calls only
+        self._lock = threading.RLock()  # the bucket, slow calls only (re-entrant: a signal)
         #: ``metrics``: the instruments' ``timed((label, ns))`` (every root call's duration)
         self.also: Callable[[tuple[str, int]], None] | None = None
-        self._started = False
-
-    def start(self) -> None:
-        """The session starts: garbage collections are timed (:data:`STALLS`)."""
-        if not self._started:
-            self._started = True
-            STALLS.acquire()
-
-    def stop(self) -> None:
-        """The session shuts down."""
-        if self._started:
-            self._started = False
-            STALLS.release()
 
     def ended(
         self,
@@ -217,7 +206,7 @@ class StageRecorder:
             limit = max(limit, int(STAGE_BAR * p50_ms * 1e6))
         own = ns - (STALLS.ns - stages.stalls0)
         if own <= limit:
-            return  # (a call slow only by the process's stalls meanwhile is not)
+            return  # (a call slow only by profkit's own stalls meanwhile is not)
         offset = time.time_ns() - _now()  # epoch = perf + offset (only for a slow call)
         call = CallRecord.begin(Policy.SLOW_STAGES, stages.parent)
         call.error = error
@@ -228,12 +217,17 @@ class StageRecorder:
             call, stages.label, attributes or {}, code, stages.t0, stages.t0 + ns, offset
         )
         record.stages = list(stages)  # what ended so far (a task it started may go on)
-        self.stats.join(record.calls, call, "sampled")
-        self.stats.add("stage_records")
-        if self._limiter is not None:
-            with self._lock:
-                allowed = self._limiter.allow()
-            if not allowed:
-                self.stats.settle(call, "stage_rate_limit")
-                return
-        self._offer(record)
+        try:  # counted sampled, then queued or counted as dropped: one outcome, always
+            self.stats.join(record.calls, call, "sampled")
+            self.stats.add("stage_records")
+            if self._limiter is not None:
+                with self._lock:
+                    allowed = self._limiter.allow()
+                if not allowed:
+                    self.stats.settle(call, "stage_rate_limit")
+                    return
+            self._offer(record)
+        except BaseException:  # a signal's exception (a request timeout) landed in here
+            if not record.handed:
+                self.stats.settle(call, "interrupted")
+            raise
