@@ -44,7 +44,8 @@ from .frames import FRAME, GLOBAL, OFF, Active
 from .offcall import OffCall
 
 __all__ = [
-    "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
+    "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "Stages", "enter", "exit_", "sync_call",
+    "undo_enter",
 ]  # fmt: skip
 
 
