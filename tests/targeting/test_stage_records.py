@@ -88,7 +88,7 @@ def test_slow_calls_of_asyncio_tasks_are_exported_with_their_regions(
     """The same on one event loop, 32 tasks at a time, with no window to watch them (no
     speculative window opens): 0.9 of the slow calls are stage records with their own
     regions (each task's frame is its own: no region of another task in a record), 0.9
-    precision (3 of 132 before)."""
+    precision (none before: only a window could catch a slow call)."""
     monkeypatch.setattr(Speculation, "want", lambda self, label, refused: False)
     x = torch.randn(16, 16)
 
