@@ -16,18 +16,16 @@ import inspect
 import sys
 import types
 from collections.abc import Callable
-from time import perf_counter_ns as _now
 from typing import Any, ParamSpec, TypeVar, overload
 
 import wrapt
 
 from .._model import CodeInfo
-from .._targeting.stages import stage_ends
 from .._text import as_label
 from .compiler import compiled_away, compiling
 from .drivers import Stepped, SteppedAsyncGen, async_call, drive, watch_loop
 from .routes import warn_if_route
-from .scope import FRAME, OFF, Active, OffCall, Stages, enter, exit_, sync_call, undo_enter
+from .scope import FRAME, OFF, Active, OffCall, enter, exit_, sync_call, undo_enter
 
 _get_frame = FRAME.get
 _set_frame = FRAME.set
@@ -342,12 +340,10 @@ class region:
         if compiling() and compiled_away(self.label):
             return self  # traced by torch.compile: nothing to record or undo
         outer = _get_frame()
-        if self._entered is None:
-            if outer is OFF or (outer.__class__ is OffCall and not outer):  # (empty: running)
-                return self  # nested in an unsampled root call: nothing to record or undo
-            if outer.__class__ is Stages:  # capture_slow, unprofiled: its stage's start (an
-                self._entered = _now()  # int), appended to the root's frame at its exit
-                return self
+        if self._entered is None and (
+            outer is OFF or (outer.__class__ is OffCall and not outer)  # (empty: running)
+        ):
+            return self  # nested in an unsampled root call: nothing to record or undo
         try:
             entered = enter(self.label, self._attributes, None)
         except RecursionError:  # no stack left to record it (enter undid its part): unlabelled
@@ -380,8 +376,6 @@ class region:
                 _set_frame(None)
                 raise
             return
-        if entered.__class__ is int:  # a stage of an unprofiled root (capture_slow)
-            return stage_ends(_get_frame(), self.label, self._attributes, entered)
         try:  # exit_twice, inlined: a frame less on every off-sample region
             exit_(entered, exc)
         except BaseException:

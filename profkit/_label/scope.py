@@ -39,13 +39,18 @@ from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
 from .._targeting.stages import Stages, StageScope
 from .._text import escape
+from . import frames
 from .compiler import compiled_away, compiling
-from .frames import FRAME, GLOBAL, OFF, Active
+from .frames import GLOBAL, OFF, Active
 from .offcall import OffCall
 
+#: bound here by assignment, not by ``from .frames import``: CPython 3.11 compiles a method
+#: call on an imported name as an attribute load (``FRAME.get()`` built a bound method on
+#: every root call, ~60 ns: region() roots 1.09x slower in bench/compare.py)
+FRAME = frames.FRAME
+
 __all__ = [
-    "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "Stages", "enter", "exit_", "sync_call",
-    "undo_enter",
+    "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
 ]  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from .._sampling import RateLimiter
 from .._stats import Stats
 from .slow import LatencyBook
 
-__all__ = ["STAGE_BAR", "STALLS", "StageRecorder", "StageScope", "Stages", "stage_ends"]
+__all__ = ["STAGE_BAR", "STALLS", "StageRecorder", "StageScope", "Stages"]
 
 _now = time.perf_counter_ns
 #: without ``slow_ms``, a stage record's call took at least this many times its label's
@@ -154,13 +154,6 @@ class StageScope:
         stages, self.stages = self.stages, None  # type: ignore[assignment]
         if stages is not None:
             stages.append((self.label, self.attributes, self.code, self.t0, _now()))
-
-
-def stage_ends(frame: Any, label: str, attributes: dict[str, Any], t0: int) -> None:
-    """A ``region()`` entered at ``t0`` in an unprofiled root's frame ends: its stage is
-    appended (``frame`` is the frame now: its root's, which no nested scope changes)."""
-    if frame.__class__ is Stages:
-        frame.append((label, attributes, None, t0, _now()))
 
 
 class StageRecorder:
