@@ -37,7 +37,7 @@ from .._model import CodeInfo
 from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
-from .._targeting.stages import Stages, StageScope
+from .._targeting.stages import Stages
 from .._text import escape
 from . import frames
 from .compiler import compiled_away, compiling
@@ -48,6 +48,7 @@ from .offcall import OffCall
 #: call on an imported name as an attribute load (``FRAME.get()`` built a bound method on
 #: every root call, ~60 ns: region() roots 1.09x slower in bench/compare.py)
 FRAME = frames.FRAME
+_now = time.perf_counter_ns
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
@@ -132,7 +133,7 @@ def enter(
     (``OFF``, or a coroutine root's own :class:`OffCall`).
 
     Returns None (nothing to undo), ``OFF``, a :class:`Timed`, a :class:`Control`, a
-    :class:`Stages` or a :class:`StageScope` (unsampled) or an :class:`Active`.
+    :class:`Stages` or a stage's tuple (unsampled) or an :class:`Active`.
     """
     frame = FRAME.get()
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
@@ -171,8 +172,8 @@ def enter(
             raise
     if frame is OFF:
         return None
-    if frame.__class__ is Stages:  # in an unprofiled root under capture_slow: timed
-        return StageScope(frame, label, attributes, code)
+    if frame.__class__ is Stages:  # in an unprofiled root under capture_slow: a stage,
+        return (frame, label, attributes, code, _now())  # a tuple (made in C), see exit_
     if frame.call.stopped:
         return None
     try:
@@ -242,7 +243,11 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         FRAME.set(None) if restore else None
         entered.end()
         return
-    if entered.__class__ is Stages or entered.__class__ is StageScope:  # (capture_slow)
+    if entered.__class__ is tuple:  # a stage of an unprofiled root (capture_slow): ended
+        stages, label, attributes, code, t0 = entered
+        stages.append((label, attributes, code, t0, _now()))
+        return
+    if entered.__class__ is Stages:  # an unprofiled root with its regions (capture_slow)
         return entered.leave(FRAME.set if restore else None, error)
     call = entered.call
     try:

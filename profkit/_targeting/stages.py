@@ -27,7 +27,7 @@ from .._sampling import RateLimiter
 from .._stats import Stats
 from .slow import LatencyBook
 
-__all__ = ["STAGE_BAR", "STALLS", "StageRecorder", "StageScope", "Stages"]
+__all__ = ["STAGE_BAR", "STALLS", "StageRecorder", "Stages"]
 
 _now = time.perf_counter_ns
 #: without ``slow_ms``, a stage record's call took at least this many times its label's
@@ -129,31 +129,6 @@ class Stages(list):  # type: ignore[type-arg]  # (a list: its regions are append
 
     def __repr__(self) -> str:
         return f"<profkit stages of {self.label!r} done={self.done}>"
-
-
-class StageScope:
-    """A ``region()`` (or a scope entered through ``enter``) nested in a :class:`Stages`."""
-
-    __slots__ = ("attributes", "code", "label", "stages", "t0")
-
-    def __init__(
-        self, stages: Stages, label: str, attributes: dict[str, Any], code: CodeInfo | None
-    ) -> None:
-        self.stages = stages
-        self.label = label
-        self.attributes = attributes
-        self.code = code
-        self.t0 = _now()
-
-    def leave(self, set_frame: Any, error: BaseException | None) -> None:
-        """The scope's exit (``profkit._label.scope.exit_``): the frame is the root's."""
-        self.end()
-
-    def end(self) -> None:
-        """The scope ended: its stage is appended (a second end appends nothing)."""
-        stages, self.stages = self.stages, None  # type: ignore[assignment]
-        if stages is not None:
-            stages.append((self.label, self.attributes, self.code, self.t0, _now()))
 
 
 class StageRecorder:
