@@ -2,7 +2,8 @@
 
 ``ScopeRecord`` and ``CallRecord`` are written on the request path by the scope and the
 window owner; ``Policy`` says why a call is profiled; ``StoppedWindow`` is what the export
-stage reads of a window. Nothing here imports torch.
+stage reads of a window, and ``StageWindow`` one slow call's regions without a window
+(``capture_slow``'s stage record). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from ._model import BatchSummary, CodeInfo
 
-__all__ = ["CallRecord", "Policy", "ScopeRecord", "StoppedWindow"]
+__all__ = ["CallRecord", "Policy", "ScopeRecord", "StageWindow", "StoppedWindow"]
 
 
 class Policy(enum.Enum):
@@ -33,6 +34,9 @@ class Policy(enum.Enum):
     """It joined a window opened for an earlier call (``window`` > 1)."""
     SPECULATIVE = "speculative"
     SLOW = "slow"
+    SLOW_STAGES = "slow_stages"
+    """A slow call that no window watched (``capture_slow``): its regions, timed by Python,
+    and no op rows (a :class:`StageWindow`)."""
     RELEASED = "released"
 
     @property
@@ -183,3 +187,41 @@ class CallRecord:
             if record.end_ns == 0 or record.rf is not None:
                 failure = record.close() or failure
         return failure
+
+
+#: a stage: (label, attributes, code, start, end), times in ``perf_counter_ns``
+Stage = tuple[str, dict[str, Any], "CodeInfo | None", int, int]
+
+
+@dataclasses.dataclass(slots=True)
+class StageWindow:
+    """A slow root call that no window watched (``capture_slow``), as the export stage reads
+    it: one call (policy ``SLOW_STAGES``), its root and its regions timed on
+    ``perf_counter_ns`` (epoch ns = perf ns + ``offset``), no events to read. The worker
+    builds its summary (:mod:`profkit._summary.stages`) instead of reading a profile."""
+
+    call: CallRecord
+    label: str
+    attributes: dict[str, Any]
+    code: CodeInfo | None
+    start: int
+    end: int
+    offset: int
+    stages: list[Stage] = dataclasses.field(default_factory=list)
+    calls: list[CallRecord] = dataclasses.field(default_factory=list)
+    id: int = 0
+    """No window (``profkit.window.id`` 0)."""
+    handed: bool = False
+
+    @property
+    def recorded(self) -> int:
+        return len(self.calls)
+
+    def read(self) -> Any:
+        raise TypeError("a stage record has no events to read")
+
+    def write_chrome_trace(self, path: str) -> None:
+        raise TypeError("a stage record has no trace")
+
+    def release(self) -> None:
+        self.stages = []

@@ -31,6 +31,7 @@ from ._records import CallRecord, Policy
 from ._sampling import Triggered
 from ._stats import Stats
 from ._targeting.slow import LatencyBook, Speculation, Timed
+from ._targeting.stages import StageRecorder
 from ._targeting.verdict import judge
 
 __all__ = ["Decision", "Session"]
@@ -96,6 +97,7 @@ class Session(Decider):
         #: ``timed((label, ns))``: an unprofiled root call that was timed has ended
         self.timed: Any = _noting(self._book.note) if self._book is not None else None
         self.stats.slow_calls = self._book.slow_calls if self._book is not None else None
+        self.staging = _staging(self)  # capture_slow: a slow call left unprofiled, recorded
         if self.metrics is not None:
             self._time_every_call(self.metrics)
         #: seconds the once-per-process profiler start took in ``start()`` (0.0: primed)
@@ -303,7 +305,18 @@ class _Once:
         return self.value
 
 
-def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], None]:
+def _staging(session: Session) -> StageRecorder | None:
+    """capture_slow: the session's stage records, else None."""
+    book = session._book
+    if book is None:
+        return None
+    config, metrics = session.config, session.metrics
+    recorder = StageRecorder(book, session.stats, session.pipeline.offer, config.max_per_minute)
+    recorder.also = metrics.timed if metrics is not None else None
+    return recorder
+
+
+def _noting(note: Callable[[str, int], object]) -> Callable[[tuple[str, int]], None]:
     """``timed`` with ``capture_slow``: ``(label, ns)`` into the latency book's ``note``."""
 
     def timed(item: tuple[str, int], _note: Any = note) -> None:
@@ -313,7 +326,7 @@ def _noting(note: Callable[[str, int], None]) -> Callable[[tuple[str, int]], Non
 
 
 def _both(
-    note: Callable[[str, int], None], metrics: Callable[[tuple[str, int]], None]
+    note: Callable[[str, int], object], metrics: Callable[[tuple[str, int]], None]
 ) -> Callable[[tuple[str, int]], None]:
     """``timed`` with ``capture_slow`` and ``metrics`` both on: the book, then the metrics."""
 

@@ -56,6 +56,10 @@ class StatsSnapshot(TypedDict):
     ``sampled`` (policy "slow"), the others ``speculative_released`` (part of unsampled)."""
     speculative_released: int
     """Speculative calls not slow: released unread, nothing summarised (part of unsampled)."""
+    stage_records: int
+    """capture_slow: slow calls that no window watched, recorded by their regions (policy
+    "slow_stages", no op rows); part of ``sampled``, so exported or dropped like any sampled
+    call (past the rate cap: ``dropped_reasons["stage_rate_limit"]``)."""
     shared_label_calls: int
     """Root calls of labels first seen after the sampler counted 1024 labels apart: those
     share one 1-in-N counter (and one cold count); nonzero means labels carry ids."""
@@ -231,6 +235,7 @@ class Stats:
             warmup_calls=warmup,
             speculative=counts.get("speculative", 0),
             speculative_released=counts.get("speculative_released", 0),
+            stage_records=counts.get("stage_records", 0),
             shared_label_calls=peek_count(self.shared_label_calls),
             windows=counts.get("windows", 0),
             errors=counts.get("errors", 0),

@@ -40,8 +40,10 @@ Precedence (also in docs/concepts.md and docs/reliability.md, which name the tes
    the queue has room and profkit is within the budget (``max_overhead``, else the default
    :data:`profkit._capture.gate.SPECULATION_BUDGET`), the slot is free and nobody else's
    profiler runs (refusals are not counted: nothing was sampled), else the call is
-   ``TIMED``. No rate-cap token: a window that keeps a slow call spends one as it closes
-   (``max_per_minute`` caps the profiles exported), one released unread spends none.
+   ``STAGED``: timed with its regions, a stage record if it turns out slow
+   (:mod:`profkit._targeting.stages`). No rate-cap token: a window that keeps a slow call
+   spends one as it closes (``max_per_minute`` caps the profiles exported), one released
+   unread spends none.
 7. Otherwise ``OFF``.
 
 With ``metrics`` every ``OFF`` above is ``(TIMED, t0)`` instead, the clock read where the
@@ -72,16 +74,18 @@ from .._records import CallRecord, Policy
 from .._sampling import ASK, COLD, CONTROL, EveryN, LabelPicks, Sampler, TraceIdRatio, Triggered
 from .._stats import Stats
 from .._targeting.slow import LatencyBook, Speculation
+from .._targeting.stages import StageRecorder, Stages
 from .controls import Controls
 from .gate import Gate
 from .keeper import WindowKeeper, held_here
-from .kinds import CONTROLLED, OFF, PROFILED, TIMED, Decision, Kind
+from .kinds import CONTROLLED, OFF, PROFILED, STAGED, TIMED, Decision, Kind
 from .slot import SLOT
 
 __all__ = [
     "CONTROLLED",
     "OFF",
     "PROFILED",
+    "STAGED",
     "TIMED",
     "Controls",
     "Decider",
@@ -166,6 +170,8 @@ class Decider:
         self.control_due = self.controls.due
         #: the sink of an unprofiled call's wall-clock time (the Session sets it: ``timed``)
         self.timed: Any = None
+        #: ``capture_slow``: the stage records of calls left unprofiled (the Session sets it)
+        self.staging: StageRecorder | None = None
 
     def decide(
         self,
@@ -300,6 +306,9 @@ class Decider:
                     call.cpu_start_ns = time.thread_time_ns()
                 return (PROFILED, call)
             spec.refused()
+        staging = self.staging
+        if staging is not None:  # its regions timed too: a stage record if it is slow
+            return (STAGED, Stages(staging, label, parent, time.perf_counter_ns()))
         return (TIMED, time.perf_counter_ns())
 
 

@@ -1,10 +1,9 @@
 """The owner of a window's life: the one module that opens, joins, cuts short, closes and
-discards profiler windows (a test holds every other module to it). :class:`WindowKeeper`
-is one session's: it opens windows for the calls ``decide`` chose, joins calls to them,
-hands closed ones to its pipeline. The module functions act on the window holding the slot,
-whatever session opened it: the ``max_window_s`` checkpoint, the thread-end guard, the exit
-stop, the fork reset. A window whose calls have all ended closes at once, unless ``window``
-> 1 or ``warmup`` > 0 asked for more calls in it (docs/reliability.md)."""
+discards profiler windows (a test holds every other module to it). :class:`WindowKeeper` is
+one session's: it opens windows for the calls ``decide`` chose, joins calls to them, hands
+closed ones to its pipeline. The module functions act on the window holding the slot, of any
+session: the ``max_window_s`` checkpoint, the thread-end guard, the exit stop, the fork reset.
+A window whose calls all ended closes at once, unless ``window`` > 1 or ``warmup`` > 0."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from .._records import CallRecord, Policy
 from .._sampling import RateLimiter
 from .._stats import JOINED, SETTLED, Stats
 from .._targeting.slow import Speculation
+from .._targeting.stages import STALLS
 from .._targeting.verdict import SlowToken, judge
 from . import foreign as _foreign
 from . import hooks as _hooks
@@ -106,8 +106,8 @@ class WindowKeeper:
             win = Window(next(self._window_ids), self._config, speculative)
             win.keeper = self
             spare, self.spare = self.spare, None  # built ahead, off the request path
-            with guard(self.stats, "profiler_start"):  # (or this thread's resident session)
-                win.start(spare, _resident.take(win))
+            with guard(self.stats, "profiler_start"), STALLS.timed():  # (all threads wait)
+                win.start(spare, _resident.take(win))  # (or this thread's resident session)
             if win.prof is None:  # sampled, but the profile is lost: a drop, not a skip
                 if not speculative:
                     self.stats.settle(call, "profiler_start_failed")
@@ -187,7 +187,7 @@ class WindowKeeper:
             win.closing = win.close_running = True
             cpu0 = time.thread_time()
             stopped = False
-            with guard(self.stats, "profiler_stop"):
+            with guard(self.stats, "profiler_stop"), STALLS.timed():
                 win.stop()  # (or kept on, its collection off: :mod:`.resident`)
                 stopped = True
             if win.speculative:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeAlias
 
-__all__ = ["CONTROLLED", "OFF", "PROFILED", "TIMED", "Decision", "Kind"]
+__all__ = ["CONTROLLED", "OFF", "PROFILED", "STAGED", "TIMED", "Decision", "Kind"]
 
 
 class Kind(enum.Enum):
@@ -14,15 +14,18 @@ class Kind(enum.Enum):
 
     OFF = "off"
     TIMED = "timed"
+    STAGED = "staged"
     CONTROLLED = "control"
     PROFILED = "profiled"
 
 
-#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)``, ``(Kind.CONTROLLED,
-#: Control)`` or ``(Kind.PROFILED, CallRecord)``: a tuple, so that the off-sample path
+#: ``(Kind.OFF, None)``, ``(Kind.TIMED, start perf_counter_ns)``, ``(Kind.STAGED, Stages)``
+#: (``capture_slow``: timed, its regions too), ``(Kind.CONTROLLED, Control)`` or
+#: ``(Kind.PROFILED, CallRecord)``: a tuple, so that the off-sample path
 #: returns one shared constant and a timed call builds no object of its own
 Decision: TypeAlias = tuple[Kind, Any]
 OFF: Decision = (Kind.OFF, None)
 TIMED = Kind.TIMED
+STAGED = Kind.STAGED
 CONTROLLED = Kind.CONTROLLED
 PROFILED = Kind.PROFILED

@@ -89,6 +89,7 @@ _OUTCOMES = (
     "warmup_calls",
     "speculative",
     "speculative_released",
+    "stage_records",
     "metrics_shed",
 )
 #: the other integer ``stats()`` counters (not outcomes of a root call): ``profkit.counts``

@@ -2,7 +2,9 @@
 
 Read the window's events (:meth:`Window.read`), build the per-call summaries
 (:mod:`profkit._summary.builder`), write the Chrome trace file when asked, diagnose each call
-(:mod:`profkit._summary.diagnosis`). Nothing here runs on a request's thread.
+(:mod:`profkit._summary.diagnosis`). A stage record (``capture_slow``) has no events: its
+summary is its regions (:mod:`profkit._summary.stages`), with no diagnosis. Nothing here
+runs on a request's thread.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import dataclasses
 from .._config import Config
 from .._errors import guard
 from .._model import CallSummary, Diagnosis, WindowSummary
-from .._records import StoppedWindow
+from .._records import StageWindow, StoppedWindow
 from .._stats import Stats
 from .._summary.builder import build_calls
 from .._summary.diagnosis import Thresholds, diagnose
 from .._summary.events import Unreadable
+from .._summary.stages import stage_summary
 from .._text import clean
 from ..exporters.chrome import TraceFileWriter
 
@@ -44,6 +47,9 @@ class Processor:
 
     def summarise(self, win: StoppedWindow) -> WindowSummary | str:
         """The window's summary, or the reason its calls are dropped."""
+        if isinstance(win, StageWindow):  # a slow call no window watched: no events to read
+            cfg = self.config
+            return stage_summary(win, cfg.max_attribute_length, cfg.max_attributes)
         try:
             read = win.read()
         except Unreadable as exc:

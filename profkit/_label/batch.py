@@ -51,12 +51,12 @@ from .scope import (
     GLOBAL,
     OFF,
     Active,
-    _abort_root,
     _open,
     enter,
     exit_,
     undo_enter,
 )
+from .undo import _abort_root
 
 __all__ = ["MAX_MEMBERS", "BatchMember", "batch", "batch_member"]
 

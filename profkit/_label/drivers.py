@@ -18,6 +18,7 @@ from .._capture.keeper import checkpoint, yielded
 from .._model import CodeInfo
 from .._overhead import Control
 from .._targeting.slow import Timed
+from .._targeting.stages import Stages
 from .scope import FRAME, Active, OffCall, enter, exit_, undo_enter
 
 __all__ = [
@@ -302,7 +303,8 @@ class Stepped:
         self._started = False
         self._entered: Active | None = None
         self._frame: Any = None
-        self._timed: Timed | Control | None = None  # an unprofiled root, timed: ended with it
+        #: an unprofiled root, timed (with its regions: ``Stages``): ended with it
+        self._timed: Timed | Control | Stages | None = None
         #: a sampled root's running intervals: other tasks' (or the consumer's) ops fall between
         self._intervals: _Both | None = None
         self._t0 = 0
@@ -316,7 +318,7 @@ class Stepped:
                 entered = enter(self.label, self.attributes, self.code, self.spec, False)
                 if entered is not None:
                     self._frame = FRAME.get()  # OFF (an unsampled root) or the scope's Active
-                    timed = entered.__class__ is Timed or entered.__class__ is Control
+                    timed = entered.__class__ in (Timed, Control, Stages)
                     self._timed = entered if timed else None
                     if isinstance(entered, Active):
                         self._entered = entered

@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from .._capture.keeper import yielded
-from .frame import FRAME, Active
+from .frames import FRAME, Active
 
 __all__ = ["left_behind", "own", "release_here"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _errors
-from .._capture.decide import CONTROLLED, PROFILED, TIMED
+from .._capture.decide import CONTROLLED, PROFILED, STAGED, TIMED
 from .._capture.decide import OFF as NOT_PROFILED
 from .._capture.keeper import checkpoint, orphaned
 from .._capture.loops import arm as arm_loop
@@ -37,36 +37,26 @@ from .._model import CodeInfo
 from .._overhead import Control
 from .._records import CallRecord, Policy, ScopeRecord
 from .._targeting.slow import Timed, sched_ns
+from .._targeting.stages import Stages
 from .._text import escape
+from . import frames
 from .compiler import compiled_away, compiling
-from .frame import FRAME, Active
+from .frames import GLOBAL, OFF, Active
 from .offcall import OffCall
 from .owner import left_behind
+from .undo import _abandoned, _abort_nested, _abort_root, _end_root, undo_enter
+
+#: bound here by assignment, not by ``from .frames import``: CPython 3.11 compiles a method
+#: call on an imported name as an attribute load (``FRAME.get()`` built a bound method on
+#: every root call, ~60 ns: region() roots 1.09x slower in bench/compare.py)
+FRAME = frames.FRAME
+_now = time.perf_counter_ns
 
 __all__ = [
     "FRAME", "GLOBAL", "OFF", "Active", "OffCall", "enter", "exit_", "sync_call", "undo_enter",
 ]  # fmt: skip
 
 
-class _Off:
-    __slots__ = ()
-    __repr__ = lambda self: "<profkit unsampled>"  # noqa: E731
-
-
-#: the frame value inside an unsampled root call
-OFF: Any = _Off()
-
-
-class _Global:
-    """Holder of the default session, so the hot path reads one attribute."""
-
-    __slots__ = ("session",)
-
-    def __init__(self) -> None:
-        self.session: Any = None
-
-
-GLOBAL = _Global()
 #: the arguments of a range: none (``range_enter(label, None)``)
 _NO_ARGS = (None,)
 
@@ -144,8 +134,8 @@ def enter(
     ``off`` is the frame of the call if it is an unsampled root, and what is returned then
     (``OFF``, or a coroutine root's own :class:`OffCall`).
 
-    Returns None (nothing to undo), ``OFF``, a :class:`Timed` or a :class:`Control` (unsampled)
-    or an :class:`Active`.
+    Returns None (nothing to undo), ``OFF``, a :class:`Timed`, a :class:`Control`, a
+    :class:`Stages` or a stage's tuple (unsampled) or an :class:`Active`.
     """
     frame = FRAME.get()
     if frame is None or (frame is not OFF and frame.call.done):  # a stale frame: a root too
@@ -169,7 +159,11 @@ def enter(
             if decision is NOT_PROFILED:
                 return off
             kind, what = decision
-            if kind is TIMED:  # capture_slow: unprofiled, timed; the frame is OFF
+            if kind is STAGED:  # capture_slow: unprofiled, timed with its regions
+                what.attributes, what.code = attributes, code
+                FRAME.set(what)
+                return what
+            if kind is TIMED:  # metrics: unprofiled, timed; the frame is OFF
                 return Timed(session.timed, label, what)
             if kind is CONTROLLED:  # unprofiled, timed for its label's baseline
                 return what
@@ -178,59 +172,19 @@ def enter(
         except BaseException as exc:
             _abort_root(call, session, exc)
             raise
+    if frame is OFF:
+        return None
+    if frame.__class__ is Stages:  # in an unprofiled root under capture_slow: a stage,
+        return (frame, label, attributes, code, _now())  # a tuple (made in C), see exit_
     if frame.__class__ is Active and frame.owner is not None and left_behind(frame):
         return enter(label, attributes, code, spec, sync, off)  # (reset: now a root call)
-    if frame is OFF or frame.call.stopped:
+    if frame.call.stopped:
         return None
     try:
         return _open(frame.call, frame, None, label, attributes, code)
     except BaseException:
         _abort_nested(frame)
         raise
-
-
-def _abort_root(call: CallRecord | None, session: Any, error: BaseException | None) -> None:
-    """Undo a root call whose entry was interrupted, from what the frame says happened."""
-    frame = FRAME.get()
-    FRAME.set(None)
-    if call is None:  # not profiled, or the decision was cut short: the frame may know
-        call = frame.call if isinstance(frame, Active) else None
-    if call is not None:
-        _end_root(session, call, error)
-    elif session is not None and SLOT.held is not None:
-        _abandoned(session, error)
-
-
-def _abandoned(session: Any, error: BaseException | None) -> None:
-    """End the calls a cut-short decision left behind: a signal's exception landed after a
-    call joined a window on this thread, before the scope got its record (none of its scopes
-    was entered). Without this, the window would wait for them until ``max_window_s``."""
-    win = SLOT.held
-    if win is None or win.owner != threading.get_ident() or win.keeper is not session.keeper:
-        return
-    for call in list(win.calls):
-        if not call.done and not call.scopes:
-            _end_root(session, call, error)
-
-
-def undo_enter(outer: Any, error: BaseException) -> None:
-    """An exception (a signal's) landed after :func:`enter` set the frame, before its caller
-    could keep what it returned: undo that scope, from what the frame says it was. Without
-    this, the frame would stay ``OFF`` in this context and no later call would be a root."""
-    if FRAME.get() is outer:
-        return  # enter() changed nothing, or undid its own part
-    if isinstance(outer, Active) and not outer.call.done:
-        _abort_nested(outer)
-    else:
-        _abort_root(None, GLOBAL.session, error)
-
-
-def _abort_nested(frame: Active) -> None:
-    """Undo a nested scope whose entry was interrupted: close what it recorded, if anything."""
-    now = FRAME.get()
-    FRAME.set(frame)
-    if isinstance(now, Active) and now is not frame and now.call is frame.call:
-        frame.call.scopes[now.scope].close()
 
 
 def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) -> None:
@@ -249,6 +203,12 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
         FRAME.set(None) if restore else None
         entered.end()
         return
+    if entered.__class__ is tuple:  # a stage of an unprofiled root (capture_slow): ended
+        stages, label, attributes, code, t0 = entered
+        stages.append((label, attributes, code, t0, _now()))
+        return
+    if entered.__class__ is Stages:  # an unprofiled root with its regions (capture_slow)
+        return entered.leave(FRAME.set if restore else None, error)
     call = entered.call
     try:
         scope = call.scopes[entered.scope]
@@ -264,19 +224,6 @@ def exit_(entered: Any, error: BaseException | None, *, restore: bool = True) ->
             _end_root(entered.session, call, error)
         elif not call.stopped:
             checkpoint()
-
-
-def _end_root(session: Any, call: CallRecord, error: BaseException | None) -> None:
-    call.done = True  # first: whatever happens below, the call no longer holds its window
-    try:
-        try:
-            failure = call.close_scopes()  # scopes an interrupted exit left open
-        finally:
-            session.end_root(call, error)
-        if failure is not None:
-            raise failure
-    except Exception as exc:
-        _errors.internal(session.stats, "end_root", exc)
 
 
 def _leave_root(
@@ -318,6 +265,7 @@ def sync_call(
     pk_orphaned, pk_no, pk_timed, pk_profiled = orphaned, NOT_PROFILED, TIMED, PROFILED
     pk_controlled, pk_offcall = CONTROLLED, OffCall
     pk_abandoned, pk_now, pk_left_behind = _abandoned, time.perf_counter_ns, left_behind
+    pk_staged, pk_stages, pk_active = STAGED, Stages, Active
 
     def profiled_call(*args: Any, **kwargs: Any) -> Any:
         if pk_compiling() and pk_compiled_away(pk_label):
@@ -327,13 +275,20 @@ def sync_call(
             frame is not None
             and (frame is pk_off or not frame.call.done)
             and (
-                frame is pk_off
-                or frame.__class__ is pk_offcall
+                frame.__class__ is not pk_active  # (unsampled, an unprofiled root's stage)
                 or frame.owner is None
                 or not pk_left_behind(frame)  # (left behind: this call is a root call)
             )
         ):
-            if frame is pk_off or frame.__class__ is pk_offcall or frame.call.stopped:
+            if frame is pk_off or frame.__class__ is pk_offcall:
+                return pk_fn(*args, **kwargs)
+            if frame.__class__ is pk_stages:  # an unprofiled root's stage (capture_slow)
+                t0 = pk_now()
+                try:
+                    return pk_fn(*args, **kwargs)
+                finally:  # a clock pair and an append: no torch, no object of its own
+                    frame.append((pk_label, pk_attributes, pk_code, t0, pk_now()))
+            if frame.call.stopped:
                 return pk_fn(*args, **kwargs)
             entered = error = None
             try:
@@ -366,7 +321,11 @@ def sync_call(
                 decision = session.begin_root(pk_label)
             except Exception as exc:
                 pk_internal(session.stats, "begin_root", exc)
-            if decision is pk_no or decision[0] is not pk_profiled:  # (timed: capture_slow)
+            if decision is pk_no:
+                return pk_fn(*args, **kwargs)
+            if decision[0] is not pk_profiled:  # timed (metrics), a control call, staged
+                if decision[0] is pk_staged:  # capture_slow: its frame times its regions
+                    pk_set(decision[1])
                 return pk_fn(*args, **kwargs)
             entered = pk_open(decision[1], None, session, pk_label, pk_attributes, pk_code)
             return pk_fn(*args, **kwargs)
@@ -381,6 +340,9 @@ def sync_call(
             elif decision[0] is pk_timed:
                 pk_reset(token) if token is not None else pk_set(None)
                 session.timed((pk_label, pk_now() - decision[1]))  # a C call (metrics)
+            elif decision[0] is pk_staged:  # capture_slow: a stage record if it was slow
+                pk_reset(token) if token is not None else pk_set(None)
+                decision[1].end(error, pk_attributes, pk_code)
             elif decision[0] is pk_controlled:  # timed for the label's baseline
                 pk_reset(token) if token is not None else pk_set(None)
                 decision[1].end()

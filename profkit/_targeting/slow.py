@@ -156,8 +156,10 @@ class LatencyBook:
         """An unprofiled root call of ``label`` began at ``t0`` (``perf_counter_ns``)."""
         self.note(label, time.perf_counter_ns() - t0)
 
-    def note(self, label: str, ns: int) -> None:
-        """An unprofiled root call of ``label`` took ``ns`` (lock-free: races lose a sample)."""
+    def note(self, label: str, ns: int) -> int:
+        """An unprofiled root call of ``label`` took ``ns`` (lock-free: races lose a sample).
+
+        Returns the label's slow threshold (ns) when the call was over it, else 0."""
         label = escape(label)
         labels = self._labels
         entry = labels.get(label)
@@ -172,7 +174,7 @@ class LatencyBook:
             try:
                 labels.move_to_end(label)
             except KeyError:  # forgotten by another thread meanwhile: this sample is lost
-                return
+                return 0
         if len(entry.ring) < _RING:
             entry.ring.append(ns)
         else:
@@ -181,8 +183,11 @@ class LatencyBook:
         entry.fresh += 1
         if _stale(entry):
             self._quantiles(label)
-        if entry.limit and ns > entry.limit:
+        limit = entry.limit
+        if limit and ns > limit:
             entry.missed += 1  # a slow call that ran unprofiled
+            return limit
+        return 0
 
     def ready(self, label: str) -> bool:
         """Whether speculative windows may record ``label``'s calls: once its unprofiled

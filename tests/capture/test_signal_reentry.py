@@ -94,7 +94,8 @@ def test_a_handler_call_during_a_windows_stop_joins_nothing() -> None:
     assert 64.0 * 8 == seen["handler"]
     stats = cap.stats
     assert stats["sampled"] == stats["exported"] + stats["skipped_busy"] + stats["dropped"]
-    assert [] == [c for c in cap.calls if not c.root.ops]  # none exported as if recorded
+    # none exported as if recorded (the slow handler call is a stage record: none watched it)
+    assert [] == [c for c in cap.calls if not c.root.ops and c.policy != "slow_stages"]
 
 
 def test_a_handlers_configure_landing_while_the_profiler_primes_does_not_hang() -> None:

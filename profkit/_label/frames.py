@@ -1,5 +1,5 @@
-"""The context variable that says where the current context stands, and the frame value
-inside a sampled call (:mod:`profkit._label.scope` reads and sets them)."""
+"""The values of the scope's frame (:mod:`profkit._label.scope`): where the current context
+stands, and the default session the hot path reads."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ from typing import Any
 
 from .._records import CallRecord
 
-__all__ = ["FRAME", "Active"]
+__all__ = ["FRAME", "GLOBAL", "OFF", "Active"]
+
+
+class _Off:
+    __slots__ = ()
+    __repr__ = lambda self: "<profkit unsampled>"  # noqa: E731
+
+
+#: the frame value inside an unsampled root call
+OFF: Any = _Off()
 
 
 class Active:
     """Frame value inside a sampled call: the call, the innermost scope and the frame before.
 
-    It is also what :func:`enter` returns for a sampled scope: :func:`exit_` closes that
+    It is also what ``scope.enter`` returns for a sampled scope: ``scope.exit_`` closes that
     scope, restores ``parent`` and, for the root (``session`` set), ends the root call.
     """
 
@@ -30,3 +39,15 @@ class Active:
 
 
 FRAME: ContextVar[Any] = ContextVar("profkit_frame", default=None)
+
+
+class _Global:
+    """Holder of the default session, so the hot path reads one attribute."""
+
+    __slots__ = ("session",)
+
+    def __init__(self) -> None:
+        self.session: Any = None
+
+
+GLOBAL = _Global()
