@@ -53,9 +53,8 @@ def _holds_ended_calls(win: Window) -> bool:
 class Session(Decider):
     """One profkit session: settings, counters, the decision, windows, export pipeline.
 
-    It hosts the decision: ``begin_root`` is :meth:`Decider.decide` itself, a method of the
-    class (no frame of the session's own, no bound method to build: it runs on every root
-    call). Its state is the decision's, set up by ``Decider.__init__``.
+    It hosts the decision: ``begin_root`` is :meth:`Decider.decide` itself, a class attribute
+    (no frame of its own, no bound method built on every root call; its state: ``__init__``).
     """
 
     #: ``begin_root(label, speculate=True) -> Decision``

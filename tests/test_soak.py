@@ -15,7 +15,7 @@ from torch.autograd.profiler_util import FunctionEvent
 
 import profkit
 from profkit._capture import window as _window
-from profkit._export import pipeline as _pipeline
+from profkit._export import worker as _worker
 from profkit._summary.events import RawEvent
 from profkit.testing import capture
 
@@ -111,5 +111,5 @@ def test_finished_windows_do_not_keep_their_events_alive(
     assert windows == len(cap.calls)
     assert per_window > 0
     # at most the windows since the last periodic collection are still waiting to be freed
-    assert _pipeline._GC_EVERY <= 30
+    assert _worker._GC_EVERY <= 30
     assert live <= 30 * per_window

@@ -94,13 +94,9 @@ _OUTCOMES = (
 )
 #: the other integer ``stats()`` counters (not outcomes of a root call): ``profkit.counts``
 _COUNTS = (
-    "shared_label_calls",
-    "batch_members_unsampled",
-    "batch_members_truncated",
-    "batch_members_invalid",
-    "batch_weights_invalid",
-    "otlp_spans_failed",
-)
+    "shared_label_calls", "batch_members_unsampled", "batch_members_truncated",
+    "batch_members_invalid", "batch_weights_invalid", "otlp_spans_failed",
+)  # fmt: skip
 _EMPTY = otel_context.Context()
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 

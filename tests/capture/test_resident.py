@@ -83,8 +83,9 @@ def test_a_slow_call_on_a_resident_session_has_only_its_own_ops() -> None:
     """An exported call holds its own ops, none of the released windows' before it."""
     with capture(resident=True, **SETTINGS) as cap:
         asyncio.run(_serve(200))
-    assert cap.calls
-    for call in cap.calls:
+    profiled = [c for c in cap.calls if c.policy != "slow_stages"]  # (stage records: no ops)
+    assert profiled
+    for call in profiled:
         forwards = SLOW_FORWARDS if call.scopes[1].attributes["slow"] else 1
         rows = {r.name: r.count for s in call.scopes for r in s.ops}
         assert 2 * forwards == rows["aten::addmm"]
