@@ -55,6 +55,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
+from profkit._export.steps import Worker
 from profkit._global import get_session
 from profkit._session import Session
 
@@ -128,7 +129,7 @@ def _time_windows(session: Session, windows: list[Any]) -> dict[str, Any]:
         summary = processor.summarise(win)
         t2 = time.perf_counter()
         delivered, failure, _ = (
-            (0, summary, False) if isinstance(summary, str) else fanout.export(summary)
+            (0, summary, False) if isinstance(summary, str) else fanout.export(summary, Worker())
         )
         t3 = time.perf_counter()
         if isinstance(summary, str) or delivered < len(summary.calls):
@@ -175,7 +176,7 @@ def _worker_cpu(fn: Any, arg: int, count: int, metrics: bool = False) -> dict[st
         n = len(win.prof.profiler.kineto_results.events())
         session.keeper.spare = None  # as in service: the worker builds the next window's profiler
         t0 = time.process_time()  # every thread: this one runs the worker's step, the
-        pipeline._handle(win)  # exporters run on their own threads meanwhile
+        pipeline._handle(win, None, Worker())  # the worker calls every exporter in order
         t1 = time.process_time()
         if session.metrics is not None:
             session.metrics.drain()
