@@ -78,6 +78,7 @@ def _scratch(tmp_path: Path, script: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [_param(p) for p in sorted(PAGES)])
 def test_a_pages_commands_run_as_written(page: str, tmp_path: Path) -> None:
     """The page's ``profkit`` blocks, one after another in one shell, exit 0."""

@@ -14,6 +14,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_service_prints_nothing_on_stderr_by_default() -> None:
     """5 sampled requests of a FastAPI service: exported, stderr empty, the env left as it was."""
@@ -23,6 +24,7 @@ def test_a_service_prints_nothing_on_stderr_by_default() -> None:
     assert expected == report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_kineto_log_level_set_by_the_user_is_kept() -> None:
     """``KINETO_LOG_LEVEL=5`` (the user's): kineto's lines are shown, the variable untouched."""

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
@@ -42,6 +44,7 @@ def run_clean(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_use_it_snippet_runs_clean_with_nothing_configured(tmp_path: Path) -> None:
     """No warning, no error line, the summaries printed, ``shutdown()`` True."""
     code = use_it_snippet().replace("profkit.shutdown()", "print('SHUTDOWN', profkit.shutdown())")

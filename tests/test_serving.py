@@ -136,6 +136,7 @@ def test_ten_storms_with_both_cores_busy_lose_no_timeout() -> None:
     _no_half_done_session(err)
 
 
+@pytest.mark.slow
 def test_users_profiler_started_mid_window_on_another_thread() -> None:
     """The user's torch profiler waits for profkit's window on another thread: no crash."""
     rc, report, err = run_fresh("serving_user_profiler_mid_window")

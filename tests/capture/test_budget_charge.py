@@ -451,6 +451,7 @@ def test_the_overhead_share_is_never_negative() -> None:
     assert 0.0 == meter.budget_share(0.01)
 
 
+@pytest.mark.slow
 def test_with_nothing_sampled_the_gauge_reads_about_nothing() -> None:
     """8 pool threads, ~1 ms calls, nothing sampled after each label's first call: what
     profkit charges (its decisions) is a fraction of a percent of the process's CPU

@@ -25,6 +25,7 @@ def test_idle_window_of_a_replaced_session_is_closed_and_exported() -> None:
     assert report["flag"] is False
 
 
+@pytest.mark.slow
 def test_all_threads_window_closes_when_its_thread_ends() -> None:
     """An all-threads window still open when its thread ends is closed there and exported."""
     rc, report, err = run_fresh("exit_all_threads_window_thread_ends")
@@ -35,6 +36,7 @@ def test_all_threads_window_closes_when_its_thread_ends() -> None:
     assert report["flag"] is False
 
 
+@pytest.mark.slow
 def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
     """Where the thread-end hook did not run, the stranded all-threads profiler is stopped."""
     rc, report, err = run_fresh("exit_all_threads_window_stranded")
@@ -43,6 +45,7 @@ def test_all_threads_window_stranded_by_an_exited_thread_is_stopped() -> None:
     assert report["flag"] is False
 
 
+@pytest.mark.slow
 def test_all_threads_window_idle_on_a_live_thread_at_exit() -> None:
     """A daemon thread holds an idle all-threads window when the interpreter exits."""
     rc, report, err = run_fresh("exit_all_threads_window_idle_daemon")
@@ -59,6 +62,7 @@ def test_window_in_flight_on_a_daemon_thread_at_exit() -> None:
     assert report["flag"] is True
 
 
+@pytest.mark.slow
 def test_thread_per_request_with_open_windows_exports_and_exits_cleanly() -> None:
     """Threads that end with a window still open (``window`` > 1): it closes on that thread."""
     rc, report, err = run_fresh("exit_thread_per_request_windows")

@@ -90,6 +90,7 @@ def test_exporter_raises() -> None:
     assert _reconciled(cap.stats)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_exporter_blocks_past_export_timeout() -> None:
     """A hanging exporter is cut off at export_timeout; requests never wait for it."""

@@ -203,6 +203,7 @@ def test_child_forked_by_the_thread_of_an_open_window_starts_without_its_profile
     assert 2 == len(cap.calls)  # the parent's window: both calls
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_configure_after_fork_child_samples_and_exits_normally() -> None:
     """The pre-fork pattern (configure in the child, as a gunicorn post_fork hook does)."""
@@ -215,6 +216,7 @@ def test_configure_after_fork_child_samples_and_exits_normally() -> None:
 NATIVE_EXIT = hasattr(ctypes.CDLL(None), "on_exit")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_child_forked_after_profiling_exits_normally() -> None:
     """A child forked after a profiler ran ends with ``sys.exit(0)``: status 0, no hang in
@@ -229,6 +231,7 @@ def test_child_forked_after_profiling_exits_normally() -> None:
         assert (True, 1) == (report["child"] in (0, None), warned)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_children_forked_while_another_thread_has_a_window_open_exit_normally() -> None:
     """Issue 38 case 1: 5 children forked while another thread sleeps in a sampled window,
@@ -252,6 +255,7 @@ def test_children_forked_mid_window_exit_normally_five_runs() -> None:
 
 
 
+@pytest.mark.slow
 def test_a_users_profiler_started_in_a_sampled_call_survives_a_fork() -> None:
     """The user starts their own profiler inside a sampled call, then forks: in the child,
     profkit's next window does not take the user's profiler for a leaked one of its own

@@ -71,6 +71,7 @@ def test_a_rare_label_gets_one_in_n_of_its_own_calls() -> None:
     assert cap.stats["shared_label_calls"] == 0
 
 
+@pytest.mark.slow
 def test_first_call_of_a_fresh_process_is_not_the_sample() -> None:
     """A fresh process, default settings: a label's first call sleeps 80 ms; no sample is
     that call (the sampler used to pick call 0 of every sampler: the cold one)."""

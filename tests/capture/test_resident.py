@@ -255,6 +255,7 @@ def test_max_window_s_cuts_a_window_on_a_resident_session() -> None:
         "signal_storm",
     ],
 )
+@pytest.mark.slow
 def test_in_a_fresh_interpreter(case: str) -> None:
     """Fork (from the loop's thread, from another), exit with the loop still open, the
     loop's thread ending, a compiled model, SIGALRM timeouts in the handlers' bodies: exit 0

@@ -40,6 +40,7 @@ def test_a_handler_opening_a_window_as_a_close_frees_the_slot_keeps_its_claim() 
         ("snapshot", "stats", 1),  # stats() while stats() reads the counters under their lock
     ],
 )
+@pytest.mark.slow
 def test_a_handler_calling_profkit_inside_its_critical_sections(
     where: str, what: str, handled: object
 ) -> None:

@@ -26,6 +26,7 @@ def run_script(name: str, *args: str) -> tuple[int, dict[str, Any], str]:
     return run_fresh(name.removesuffix(".py"), *args, timeout=240.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["every", "slow"])
 def test_user_profiler_beside_sampling_never_crashes(mode: str) -> None:
     """The application's own 40 short profiles beside a sampling request thread: no SIGSEGV

@@ -242,6 +242,7 @@ def test_trace_files_hold_no_scalar_argument_values(tmp_path: Path, gzipped: boo
     assert "Concrete Inputs" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("packing", ["gzip", "plain"])
 def test_a_trace_write_cut_short_is_counted_and_never_moved_into_view(

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(180)
     # suite the order that did
     [pytest.param("after", marks=pytest.mark.slow), "before"],
 )
+@pytest.mark.slow
 def test_exit_without_shutdown_delivers_what_it_counts(order: str, kind: str) -> None:
     rc, report, err = run_fresh("exit_otel_provider_order", order, kind)
     assert 0 == rc, err[-2000:]
@@ -26,6 +27,7 @@ def test_exit_without_shutdown_delivers_what_it_counts(order: str, kind: str) ->
     assert 0 == stats["dropped"], stats  # the provider was alive when profkit flushed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "calls"), [("calls", 8), ("window", 1)])
 @pytest.mark.parametrize("kind", ["simple", "batch"])
 def test_calls_of_a_non_daemon_thread_after_main_returned_are_delivered(

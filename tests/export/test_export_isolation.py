@@ -69,6 +69,7 @@ def hanging() -> Iterator[Hanging]:
     exporter.release.set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_raising_and_hanging_exporters_do_not_stop_the_others(hanging: Hanging) -> None:
@@ -122,6 +123,7 @@ class HangingLogger:
     warning = info
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("swallow_internal_errors")
 def test_hanging_builtin_log_exporter_is_cut_off() -> None:

@@ -286,6 +286,7 @@ def test_log_events_carry_the_call_start_time() -> None:
     assert {expected} == {e["start_time"] for e in events}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_unconfigured_structlog_gets_one_compact_line_per_call_that_report_reads(
     tmp_path: Path,

@@ -243,6 +243,7 @@ def test_a_flush_overlapping_a_shutdown_that_drops_its_window_says_false() -> No
     assert {"shutdown": 1} == profkit.stats()["dropped_reasons"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("what", ["raise", "flush"])
 def test_a_signal_at_any_line_of_a_runner_leaves_it_working(what: str) -> None:

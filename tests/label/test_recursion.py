@@ -32,6 +32,7 @@ def _root(inner: Callable[[], int]) -> Callable[[], int]:
     return profkit.profiled("root")(inner)
 
 
+@pytest.mark.slow
 def test_sampled_recursion_reaches_the_unsampled_depth() -> None:
     """Sampled, a decorated recursion gets exactly as deep as unsampled and unconfigured."""
     unconfigured = _root(lambda: _max_depth(profkit.profiled))()
@@ -50,6 +51,7 @@ def test_a_decorated_level_costs_one_frame_more_than_the_function() -> None:
     assert abs(bare // 2 - decorated) <= 2, (bare, decorated, sys.getrecursionlimit())
 
 
+@pytest.mark.slow
 def test_a_recursive_region_is_as_deep_sampled_as_unsampled() -> None:
     """``with region()`` around each level: sampled and unsampled depths are the same."""
 

@@ -100,6 +100,7 @@ def test_speculation_is_not_capped_by_max_per_minute() -> None:
     assert cap.stats["speculative"] > 60, cap.stats  # more than the rate cap's windows' worth
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_one_off_labels_do_not_starve_a_steady_label() -> None:
     """300 one-off region labels, then a steady label whose 1 call in 20 sleeps 30 ms: at

@@ -80,6 +80,7 @@ def test_configure_off_the_main_thread_counts_an_error_and_does_not_raise() -> N
     assert ["every:1000000000"] == report["policies"]
 
 
+@pytest.mark.slow
 def test_shutdown_off_the_main_thread_leaves_an_inert_handler() -> None:
     """A handler that cannot be removed does nothing; the next configure() takes it back."""
     report = _fresh("signal_shutdown_off_main_thread")
@@ -149,6 +150,7 @@ def test_outside_the_real_time_range_is_refused(name: str) -> None:
         build_config({"trigger_signal": name}, environ={})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_RT, reason="needs real-time signals")
 def test_real_time_signal_profiles_the_next_root_call() -> None:
     """trigger_signal="SIGRTMIN+1": that signal profiles the next root call, end to end."""
