@@ -239,16 +239,19 @@ def test_instrument_app_before_the_routes_warns_once_and_labels_them_at_startup(
     assert ["/later"] == [c.label for c in cap.calls]
 
 
-@pytest.mark.slow
-def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Path) -> None:
-    """uvicorn's graceful shutdown runs the app's lifespan: profkit flushes there, first."""
-    script = Path(__file__).parent / "scripts" / "serving_sigterm_flush.py"
+@contextlib.contextmanager
+def _sigterm_server(
+    tmp_path: Path, script: str
+) -> Iterator[tuple[subprocess.Popen[str], httpx.Client, str]]:
+    """``tests/scripts/<script> tmp_path`` serving: (its process, a client that has had one
+    answer, the ``/work`` URL); killed on the way out if it still runs."""
+    path = Path(__file__).parent / "scripts" / script
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")) if p
     )
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(path), str(tmp_path)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -268,17 +271,25 @@ def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Pa
                     client.get(url)
                     break
                 time.sleep(0.05)
-            (tmp_path / "hold").touch()  # the span exporter waits: windows queue up
-            for _ in range(10):
-                assert 200 == client.get(url).status_code
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(1.0)
-        (tmp_path / "hold").unlink()  # the exporter goes on, during the shutdown
-        _, err = proc.communicate(timeout=60)
+            yield proc, client, url
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.slow
+def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Path) -> None:
+    """uvicorn's graceful shutdown runs the app's lifespan: profkit flushes there, first."""
+    with _sigterm_server(tmp_path, "serving_sigterm_flush.py") as (proc, client, url):
+        (tmp_path / "hold").touch()  # the span exporter waits: windows queue up
+        for _ in range(10):
+            assert 200 == client.get(url).status_code
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        (tmp_path / "hold").unlink()  # the exporter goes on, during the shutdown
+        _, err = proc.communicate(timeout=60)
     assert (tmp_path / "stats").exists(), err[-2000:]
     stats = json.loads((tmp_path / "stats").read_text())
     spans = (tmp_path / "spans").read_text().splitlines()
@@ -292,41 +303,13 @@ def test_sigterm_under_uvicorn_exports_or_counts_every_sampled_call(tmp_path: Pa
 def test_sigterm_with_slow_span_export_counts_what_it_could_not_deliver(tmp_path: Path) -> None:
     """40 sampled calls, 0.2 s a span, SIGTERM: the shutdown flush delivers what it can in
     its time; the rest are counted dropped and one line on stderr says how many and why."""
-    script = Path(__file__).parent / "scripts" / "serving_sigterm_slow_spans.py"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")) if p
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        port_file = tmp_path / "port"
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text():
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port_file.read_text()}/work"
-        with httpx.Client(timeout=10) as client:
-            for _ in range(60):  # a server socket bound but not yet listening refuses
-                with contextlib.suppress(httpx.ConnectError):
-                    client.get(url)
-                    break
-                time.sleep(0.05)
-            (tmp_path / "hold").touch()  # from now on each span takes 0.2 s
-            for _ in range(40):
-                assert 200 == client.get(url).status_code
+    with _sigterm_server(tmp_path, "serving_sigterm_slow_spans.py") as (proc, client, url):
+        (tmp_path / "hold").touch()  # from now on each span takes 0.2 s
+        for _ in range(40):
+            assert 200 == client.get(url).status_code
+        client.close()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     stats = json.loads((tmp_path / "stats").read_text())
     delivered = (tmp_path / "spans").read_text().splitlines().count("/work")
     lines = [line for line in err.splitlines() if line.startswith("profkit: ")]
